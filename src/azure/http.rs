@@ -1,0 +1,268 @@
+//! The one HTTP client: plain HTTP/1.1 through ureq, never a proxy, bounded bodies, and the
+//! retry classes of DESIGN.md §4 inside one deadline.
+
+use crate::deadline::{jitter, Backoff, Deadline};
+use std::fmt;
+use std::time::Duration;
+
+/// Which endpoint a request goes to; decides which statuses are worth retrying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// 169.254.169.254: retry 404, 410, 429, 5xx (410 means "retry for up to 70 s").
+    Imds,
+    /// 168.63.129.16: retry 429 and 5xx; a 410 on a health POST goes back to the caller, which
+    /// fetches a fresh goal state.
+    WireServer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// No HTTP answer: refused, unreachable, reset, timed out.
+    Transport { url: String, detail: String },
+    /// An answer outside 2xx.
+    Status { url: String, status: u16 },
+    /// The body is larger than the client accepts.
+    TooLarge { url: String, limit: u64 },
+    /// A 2xx answer whose body does not parse (truncated, or a goal state without RoleInstance).
+    Invalid { url: String, detail: String },
+    /// Retries ran out of time; `last` is the last cause.
+    Deadline {
+        url: String,
+        attempts: u32,
+        last: Box<HttpError>,
+    },
+}
+
+impl HttpError {
+    /// The HTTP status behind this error, looking through `Deadline`.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            HttpError::Status { status, .. } => Some(*status),
+            HttpError::Deadline { last, .. } => last.status(),
+            _ => None,
+        }
+    }
+
+    pub fn retryable(&self, class: Class) -> bool {
+        match (self, class) {
+            (HttpError::Transport { .. } | HttpError::Invalid { .. }, _) => true,
+            (HttpError::Status { status, .. }, Class::Imds) => {
+                matches!(status, 404 | 410 | 429) || (500..600).contains(status)
+            }
+            (HttpError::Status { status, .. }, Class::WireServer) => {
+                *status == 429 || (500..600).contains(status)
+            }
+            (HttpError::TooLarge { .. } | HttpError::Deadline { .. }, _) => false,
+        }
+    }
+}
+
+impl fmt::Display for HttpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpError::Transport { url, detail } => write!(f, "{url}: {detail}"),
+            HttpError::Status { url, status } => write!(f, "{url}: HTTP status {status}"),
+            HttpError::TooLarge { url, limit } => {
+                write!(f, "{url}: response larger than {limit} bytes")
+            }
+            HttpError::Invalid { url, detail } => write!(f, "{url}: invalid response: {detail}"),
+            HttpError::Deadline { attempts, last, .. } => {
+                write!(f, "gave up after {attempts} attempts: {last}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Method {
+    Get,
+    Post,
+}
+
+/// One request, described once and sent as often as the retry policy says.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub method: Method,
+    pub url: &'a str,
+    pub headers: &'a [(&'a str, &'a str)],
+    pub body: &'a [u8],
+}
+
+pub struct Client {
+    agent: ureq::Agent,
+    /// Bound for one attempt (connect + request + body); the deadline may cut it shorter.
+    pub attempt_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub backoff: Backoff,
+    pub max_body: u64,
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Client::new()
+    }
+}
+
+impl Client {
+    pub fn new() -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            // IMDS and the WireServer must be reached directly; HTTP_PROXY and friends are
+            // ignored (reference/azure-protocol.md §2.1).
+            .proxy(None)
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .user_agent(format!("azprov/{}", crate::VERSION))
+            .build()
+            .into();
+        Client {
+            agent,
+            attempt_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            backoff: Backoff::new(Duration::from_millis(250), Duration::from_secs(5)),
+            // The IMDS document is a few KiB; userData is at most 64 KiB base64.
+            max_body: 1 << 20,
+        }
+    }
+
+    /// Sends `req` until it succeeds and `parse` accepts the body, a fatal error occurs, or
+    /// the deadline passes. Returns the parsed value.
+    pub fn fetch<T>(
+        &self,
+        class: Class,
+        req: &Request,
+        deadline: Deadline,
+        parse: impl Fn(&[u8]) -> Result<T, String>,
+    ) -> Result<T, HttpError> {
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let err = match self.send_once(req, deadline) {
+                Ok(body) => match parse(&body) {
+                    Ok(v) => return Ok(v),
+                    Err(detail) => HttpError::Invalid {
+                        url: req.url.to_string(),
+                        detail,
+                    },
+                },
+                Err(e) => e,
+            };
+            if !err.retryable(class) {
+                return Err(err);
+            }
+            let wait = self.backoff.delay(attempt - 1, jitter());
+            log::debug!("{err}; retrying in {} ms", wait.as_millis());
+            if deadline.remaining() <= wait || !deadline.sleep(wait) {
+                return Err(HttpError::Deadline {
+                    url: req.url.to_string(),
+                    attempts: attempt,
+                    last: Box::new(err),
+                });
+            }
+        }
+    }
+
+    /// One attempt: the body of a 2xx answer, or why there is none.
+    pub fn send_once(&self, req: &Request, deadline: Deadline) -> Result<Vec<u8>, HttpError> {
+        let url = req.url.to_string();
+        let total = self.attempt_timeout.min(deadline.remaining());
+        if total.is_zero() {
+            return Err(HttpError::Transport {
+                url,
+                detail: "deadline passed".into(),
+            });
+        }
+        let connect = self.connect_timeout.min(total);
+        let result = match req.method {
+            Method::Get => {
+                let mut b = self.agent.get(req.url);
+                for (k, v) in req.headers {
+                    b = b.header(*k, *v);
+                }
+                b.config()
+                    .timeout_global(Some(total))
+                    .timeout_connect(Some(connect))
+                    .build()
+                    .call()
+            }
+            Method::Post => {
+                let mut b = self.agent.post(req.url);
+                for (k, v) in req.headers {
+                    b = b.header(*k, *v);
+                }
+                b.config()
+                    .timeout_global(Some(total))
+                    .timeout_connect(Some(connect))
+                    .build()
+                    .send(req.body)
+            }
+        };
+        let mut resp = result.map_err(|e| transport(&url, e))?;
+        let status = resp.status().as_u16();
+        // Read (and drop) the body of an error answer too, so the connection can be reused.
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(self.max_body)
+            .read_to_vec()
+            .map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(limit) => HttpError::TooLarge {
+                    url: url.clone(),
+                    limit,
+                },
+                e => transport(&url, e),
+            });
+        if !(200..300).contains(&status) {
+            return Err(HttpError::Status { url, status });
+        }
+        body
+    }
+}
+
+fn transport(url: &str, e: ureq::Error) -> HttpError {
+    let detail = match e {
+        ureq::Error::Timeout(t) => format!("timed out ({t})"),
+        ureq::Error::ConnectionFailed => "connection failed".to_string(),
+        ureq::Error::HostNotFound => "host not found".to_string(),
+        ureq::Error::Io(io) => io.to_string(),
+        other => other.to_string(),
+    };
+    HttpError::Transport {
+        url: url.to_string(),
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(s: u16) -> HttpError {
+        HttpError::Status {
+            url: "u".into(),
+            status: s,
+        }
+    }
+
+    #[test]
+    fn retry_classes() {
+        for s in [404, 410, 429, 500, 503] {
+            assert!(status(s).retryable(Class::Imds), "{s}");
+        }
+        for s in [400, 401, 403] {
+            assert!(!status(s).retryable(Class::Imds), "{s}");
+        }
+        for s in [429, 500, 502, 503] {
+            assert!(status(s).retryable(Class::WireServer), "{s}");
+        }
+        for s in [400, 403, 404, 410] {
+            assert!(!status(s).retryable(Class::WireServer), "{s}");
+        }
+        let t = HttpError::Transport {
+            url: "u".into(),
+            detail: "refused".into(),
+        };
+        assert!(t.retryable(Class::Imds) && t.retryable(Class::WireServer));
+    }
+}

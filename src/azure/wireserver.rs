@@ -1,0 +1,367 @@
+//! The WireServer (168.63.129.16): goal state and health reports (reference/azure-protocol.md
+//! §1.3–§1.5). The goal state is fetched fresh before every POST: a stale incarnation gets 410.
+
+use super::http::{Class, Client, HttpError, Method, Request};
+use super::xml;
+use crate::deadline::{jitter, Deadline};
+use quick_xml::events::{BytesDecl, BytesText, Event};
+use quick_xml::Writer;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+/// The fixed address, used when DHCP gives no option 245.
+pub const DEFAULT_ADDR: Ipv4Addr = Ipv4Addr::new(168, 63, 129, 16);
+pub const PROTOCOL_VERSION: &str = "2012-11-30";
+pub const AGENT_NAME: &str = "azprov";
+/// cloud-init's `HEALTH_REPORT_DESCRIPTION_TRIM_LEN`.
+pub const DESCRIPTION_MAX_CHARS: usize = 512;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoalState {
+    pub incarnation: String,
+    pub container_id: String,
+    pub instance_id: String,
+}
+
+/// Parses a goal state document; every field health reports need must be there.
+pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, String> {
+    let root = xml::parse(bytes).map_err(|e| format!("goal state is not XML: {e}"))?;
+    if root.local != "GoalState" {
+        return Err(format!("expected <GoalState>, got <{}>", root.local));
+    }
+    let field = |v: Option<&xml::Element>, name: &str| {
+        v.map(|e| e.text.clone())
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| format!("goal state has no {name}"))
+    };
+    let container = root.child("Container");
+    let instance = container
+        .and_then(|c| c.child("RoleInstanceList"))
+        .and_then(|l| l.child("RoleInstance"))
+        .and_then(|r| r.child("InstanceId"));
+    Ok(GoalState {
+        incarnation: field(root.child("Incarnation"), "Incarnation")?,
+        container_id: field(
+            container.and_then(|c| c.child("ContainerId")),
+            "ContainerId",
+        )?,
+        instance_id: field(instance, "RoleInstance/InstanceId")?,
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Ready,
+    /// NotReady with SubStatus ProvisioningFailed and this description.
+    Failed {
+        description: String,
+    },
+}
+
+/// `result=error|reason=…|agent=azprov/VER|vm_id=…|timestamp=…`, trimmed to 512 characters.
+/// Values holding the delimiter are quoted the way cloud-init's csv writer does.
+pub fn failure_description(reason: &str, vm_id: &str, timestamp: &str) -> String {
+    let agent = format!("azprov/{}", crate::VERSION);
+    let fields = [
+        ("result", "error"),
+        ("reason", reason),
+        ("agent", agent.as_str()),
+        ("vm_id", vm_id),
+        ("timestamp", timestamp),
+    ];
+    let joined = fields
+        .iter()
+        .map(|(k, v)| quote(&format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join("|");
+    joined.chars().take(DESCRIPTION_MAX_CHARS).collect()
+}
+
+fn quote(field: &str) -> String {
+    if field.contains(['|', '\'', '\n', '\r']) {
+        format!("'{}'", field.replace('\'', "''"))
+    } else {
+        field.to_string()
+    }
+}
+
+/// The health document, built with an XML writer so every value is escaped.
+pub fn emit_health(gs: &GoalState, health: &Health) -> Vec<u8> {
+    let mut w = Writer::new(Vec::new());
+    // Writing into a Vec cannot fail; the results are checked anyway, never unwrapped.
+    let _ = build_health(&mut w, gs, health);
+    w.into_inner()
+}
+
+fn build_health(
+    w: &mut Writer<Vec<u8>>,
+    gs: &GoalState,
+    health: &Health,
+) -> Result<(), quick_xml::Error> {
+    w.write_event(Event::Decl(BytesDecl::new("1.0", Some("utf-8"), None)))?;
+    w.create_element("Health")
+        .with_attribute(("xmlns:xsi", "http://www.w3.org/2001/XMLSchema-instance"))
+        .with_attribute(("xmlns:xsd", "http://www.w3.org/2001/XMLSchema"))
+        .write_inner_content(|w| {
+            text_el(w, "GoalStateIncarnation", &gs.incarnation)?;
+            w.create_element("Container").write_inner_content(|w| {
+                text_el(w, "ContainerId", &gs.container_id)?;
+                w.create_element("RoleInstanceList")
+                    .write_inner_content(|w| {
+                        w.create_element("Role").write_inner_content(|w| {
+                            text_el(w, "InstanceId", &gs.instance_id)?;
+                            w.create_element("Health")
+                                .write_inner_content(|w| match health {
+                                    Health::Ready => text_el(w, "State", "Ready"),
+                                    Health::Failed { description } => {
+                                        text_el(w, "State", "NotReady")?;
+                                        w.create_element("Details").write_inner_content(|w| {
+                                            text_el(w, "SubStatus", "ProvisioningFailed")?;
+                                            text_el(w, "Description", description)
+                                        })?;
+                                        Ok(())
+                                    }
+                                })?;
+                            Ok(())
+                        })?;
+                        Ok(())
+                    })?;
+                Ok(())
+            })?;
+            Ok(())
+        })?;
+    Ok(())
+}
+
+fn text_el(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> std::io::Result<()> {
+    w.create_element(name)
+        .write_text_content(BytesText::new(value))?;
+    Ok(())
+}
+
+/// Parses `IP` or `IP:PORT` (port 80 by default).
+pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(ip) = s.parse::<Ipv4Addr>() {
+        return Ok(SocketAddr::V4(SocketAddrV4::new(ip, 80)));
+    }
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("invalid WireServer address {s:?}: expected IP or IP:PORT"))
+}
+
+/// A WireServer at one address, spoken to through the shared client.
+pub struct WireServer<'a> {
+    pub client: &'a Client,
+    pub addr: SocketAddr,
+}
+
+/// What a health report cost, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    pub incarnation: String,
+    /// Health POSTs sent, including ones answered 410.
+    pub posts: u32,
+}
+
+const HEADERS: [(&str, &str); 2] = [
+    ("x-ms-version", PROTOCOL_VERSION),
+    ("x-ms-agent-name", AGENT_NAME),
+];
+
+impl WireServer<'_> {
+    pub fn fetch_goal_state(&self, deadline: Deadline) -> Result<GoalState, HttpError> {
+        let url = format!("http://{}/machine/?comp=goalstate", self.addr);
+        let req = Request {
+            method: Method::Get,
+            url: &url,
+            headers: &HEADERS,
+            body: &[],
+        };
+        self.client
+            .fetch(Class::WireServer, &req, deadline, parse_goal_state)
+    }
+
+    /// Fetches a fresh goal state and POSTs `health` with its incarnation. A 410 means the goal
+    /// state moved between the two: fetch it again and post again, within the deadline.
+    pub fn report(&self, health: &Health, deadline: Deadline) -> Result<Reported, HttpError> {
+        let url = format!("http://{}/machine?comp=health", self.addr);
+        let headers = [
+            HEADERS[0],
+            HEADERS[1],
+            ("Content-Type", "text/xml;charset=utf-8"),
+        ];
+        let mut posts = 0;
+        loop {
+            let gs = self.fetch_goal_state(deadline)?;
+            let body = emit_health(&gs, health);
+            let req = Request {
+                method: Method::Post,
+                url: &url,
+                headers: &headers,
+                body: &body,
+            };
+            posts += 1;
+            match self
+                .client
+                .fetch(Class::WireServer, &req, deadline, |_| Ok(()))
+            {
+                Ok(()) => {
+                    return Ok(Reported {
+                        incarnation: gs.incarnation,
+                        posts,
+                    })
+                }
+                Err(e) if e.status() == Some(410) => {
+                    log::info!(
+                        "health report for incarnation {} got 410 Gone; refetching the goal state",
+                        gs.incarnation
+                    );
+                    let wait = self.client.backoff.delay(posts - 1, jitter());
+                    if deadline.remaining() <= wait || !deadline.sleep(wait) {
+                        return Err(HttpError::Deadline {
+                            url,
+                            attempts: posts,
+                            last: Box::new(e),
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/goalstate/",
+                $name
+            ))
+        };
+    }
+
+    fn gs() -> GoalState {
+        GoalState {
+            incarnation: "42".into(),
+            container_id: "a511aa6d-29e7-4f53-8788-55655dfe848f".into(),
+            instance_id: "f6cd1d7ef1644557b9059345e5ba890c.lars-test-1".into(),
+        }
+    }
+
+    #[test]
+    fn goal_state_sample() {
+        assert_eq!(parse_goal_state(fixture!("sample.xml")).unwrap(), gs());
+    }
+
+    #[test]
+    fn goal_state_with_crlf_and_extra_elements() {
+        let g = parse_goal_state(fixture!("crlf-extra.xml")).unwrap();
+        assert_eq!(g.incarnation, "7");
+        assert_eq!(g.container_id, "c0ffee00-0000-4000-8000-000000000001");
+        assert_eq!(
+            g.instance_id,
+            "fbb84507-46cd-4f4e-bd78-a2edaa9d059b._thstringnopa2"
+        );
+    }
+
+    #[test]
+    fn goal_state_without_role_instance_is_refused() {
+        let e = parse_goal_state(fixture!("no-roleinstance.xml")).unwrap_err();
+        assert!(e.contains("RoleInstance"), "{e}");
+        assert!(parse_goal_state(b"<Versions/>").is_err());
+        assert!(parse_goal_state(b"garbage").is_err());
+    }
+
+    /// Reads a health body back with the project's XML reader, as the fabric would.
+    fn read_back(body: &[u8]) -> xml::Element {
+        xml::parse(body).unwrap()
+    }
+
+    fn path<'a>(root: &'a xml::Element, p: &[&str]) -> &'a str {
+        let mut e = root;
+        for name in p {
+            e = e.child(name).unwrap_or_else(|| panic!("no {name}"));
+        }
+        &e.text
+    }
+
+    #[test]
+    fn ready_body() {
+        let body = emit_health(&gs(), &Health::Ready);
+        let root = read_back(&body);
+        assert_eq!(root.local, "Health");
+        assert_eq!(path(&root, &["GoalStateIncarnation"]), "42");
+        assert_eq!(
+            path(&root, &["Container", "ContainerId"]),
+            gs().container_id
+        );
+        let role = ["Container", "RoleInstanceList", "Role"];
+        assert_eq!(
+            path(&root, &[&role[..], &["InstanceId"]].concat()),
+            gs().instance_id
+        );
+        assert_eq!(
+            path(&root, &[&role[..], &["Health", "State"]].concat()),
+            "Ready"
+        );
+        assert!(root.find("Details").is_none());
+    }
+
+    #[test]
+    fn failure_body_escapes_and_trims() {
+        let mut g = gs();
+        g.container_id = "a&b<c>".into();
+        let reason = format!("bad <thing> & more {}", "x".repeat(600));
+        let desc = failure_description(&reason, "vm-1", "2026-11-30T15:19:55Z");
+        assert_eq!(desc.chars().count(), DESCRIPTION_MAX_CHARS);
+        assert!(desc.starts_with("result=error|reason=bad <thing> & more xxx"));
+        let body = emit_health(
+            &g,
+            &Health::Failed {
+                description: desc.clone(),
+            },
+        );
+        let text = String::from_utf8(body.clone()).unwrap();
+        assert!(text.contains("a&amp;b&lt;c&gt;"), "{text}");
+        let root = read_back(&body);
+        assert_eq!(path(&root, &["Container", "ContainerId"]), "a&b<c>");
+        let h = ["Container", "RoleInstanceList", "Role", "Health"];
+        assert_eq!(path(&root, &[&h[..], &["State"]].concat()), "NotReady");
+        assert_eq!(
+            path(&root, &[&h[..], &["Details", "SubStatus"]].concat()),
+            "ProvisioningFailed"
+        );
+        assert_eq!(
+            path(&root, &[&h[..], &["Details", "Description"]].concat()),
+            desc
+        );
+    }
+
+    #[test]
+    fn description_fields_in_order() {
+        let d = failure_description("failure to obtain DHCP lease", "abc", "T");
+        assert_eq!(
+            d,
+            format!(
+                "result=error|reason=failure to obtain DHCP lease|agent=azprov/{}|vm_id=abc|timestamp=T",
+                crate::VERSION
+            )
+        );
+        let q = failure_description("a|b", "v", "T");
+        assert!(q.contains("|'reason=a|b'|"), "{q}");
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            parse_endpoint("168.63.129.16").unwrap().to_string(),
+            "168.63.129.16:80"
+        );
+        assert_eq!(parse_endpoint("127.0.0.1:8080").unwrap().port(), 8080);
+        assert!(parse_endpoint("wireserver").is_err());
+        assert!(parse_endpoint("1.2.3.4:x").is_err());
+    }
+}

@@ -1,0 +1,390 @@
+//! The subcommands of DESIGN.md §1 (tool mode): argument parsing and printing. Each command
+//! returns an exit code: 0 ok, 1 a network or provisioning failure, 2 bad input or usage.
+
+use crate::azure::http::{Client, HttpError};
+use crate::azure::wireserver::{self, Health, WireServer};
+use crate::azure::{imds, ovf, vmid};
+use crate::deadline::Deadline;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+usage:
+  azprov                                   as PID 1 of an initramfs; otherwise prints this help
+  azprov ovf FILE [--json]                 parse ovf-env.xml (the password is never printed)
+  azprov imds [--imds URL] [--timeout SECS] [--json]
+  azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
+  azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
+  azprov version
+exit codes: 0 ok, 1 failed (network, provisioning), 2 usage or bad input";
+
+/// Why a command failed, and so its exit code.
+#[derive(Debug)]
+pub enum CliError {
+    /// Wrong flags, a missing or malformed file: exit 2.
+    Usage(String),
+    /// The network or the fabric failed: exit 1.
+    Failed(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Failed(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Usage(m) | CliError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}
+
+/// Flags after the subcommand: `--name VALUE`, `--name=VALUE`, switches, and positionals.
+#[derive(Debug, Default)]
+pub struct Args {
+    pub positional: Vec<String>,
+    values: BTreeMap<&'static str, Vec<String>>,
+    switches: Vec<&'static str>,
+}
+
+impl Args {
+    pub fn parse(
+        args: &[String],
+        valued: &[&'static str],
+        switches: &[&'static str],
+    ) -> Result<Args, CliError> {
+        let mut out = Args::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "--" {
+                out.positional.extend(it.by_ref().cloned());
+                break;
+            }
+            let Some(name) = a.strip_prefix("--") else {
+                out.positional.push(a.clone());
+                continue;
+            };
+            let (name, inline) = match name.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (name, None),
+            };
+            if let Some(flag) = valued.iter().find(|f| **f == name) {
+                let v = match inline {
+                    Some(v) => v,
+                    None => it
+                        .next()
+                        .cloned()
+                        .ok_or_else(|| usage(format!("--{name} needs a value")))?,
+                };
+                out.values.entry(flag).or_default().push(v);
+            } else if let Some(flag) = switches.iter().find(|f| **f == name) {
+                if inline.is_some() {
+                    return Err(usage(format!("--{name} takes no value")));
+                }
+                out.switches.push(flag);
+            } else {
+                return Err(usage(format!("unknown option --{name}")));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn value(&self, name: &str) -> Result<Option<&str>, CliError> {
+        match self.values.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([v]) => Ok(Some(v)),
+            Some(_) => Err(usage(format!("--{name} given more than once"))),
+        }
+    }
+
+    pub fn values(&self, name: &str) -> &[String] {
+        self.values.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.switches.contains(&name)
+    }
+
+    pub fn timeout(&self, default: Duration) -> Result<Duration, CliError> {
+        match self.value("timeout")? {
+            None => Ok(default),
+            Some(s) => parse_secs(s)
+                .ok_or_else(|| usage(format!("--timeout: not a number of seconds: {s:?}"))),
+        }
+    }
+
+    pub fn no_positionals(&self) -> Result<(), CliError> {
+        match self.positional.first() {
+            Some(p) => Err(usage(format!("unexpected argument {p:?}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Seconds as `30` or `2.5`; positive and finite.
+pub fn parse_secs(s: &str) -> Option<Duration> {
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v > 0.0 && v < 1e9).then(|| Duration::from_secs_f64(v))
+}
+
+/// Runs a subcommand (`args` excludes the program name).
+pub fn run(args: &[String]) -> Result<(), CliError> {
+    let Some((cmd, rest)) = args.split_first() else {
+        return Err(usage(USAGE));
+    };
+    match cmd.as_str() {
+        "ovf" => cmd_ovf(rest),
+        "imds" => cmd_imds(rest),
+        "report" => cmd_report(rest),
+        "version" | "--version" => {
+            Args::parse(rest, &[], &[])?.no_positionals()?;
+            println!("azprov {}", crate::VERSION);
+            Ok(())
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(usage(format!(
+            "unknown command {other:?} (azprov --help lists them)"
+        ))),
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(v)
+        .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+    println!("{s}");
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct OvfJson<'a> {
+    hostname: &'a str,
+    username: &'a str,
+    has_password: bool,
+    disable_ssh_password_auth: Option<bool>,
+    ssh_keys: Vec<&'a str>,
+    custom_data_bytes: Option<usize>,
+    preprovisioned_vm: bool,
+    pps_type: Option<&'a str>,
+}
+
+fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(args, &[], &["json"])?;
+    let file = match a.positional.as_slice() {
+        [f] => f,
+        [] => return Err(usage("azprov ovf: give the ovf-env.xml file")),
+        _ => return Err(usage("azprov ovf: give exactly one file")),
+    };
+    let bytes = std::fs::read(file).map_err(|e| usage(format!("cannot read {file}: {e}")))?;
+    let env = ovf::parse(&bytes).map_err(|e| usage(format!("{file}: {e}")))?;
+    let out = OvfJson {
+        hostname: &env.hostname,
+        username: &env.username,
+        has_password: env.password.is_some(),
+        disable_ssh_password_auth: env.disable_ssh_password_auth,
+        ssh_keys: env
+            .ssh_keys
+            .iter()
+            .filter_map(|k| k.value.as_deref())
+            .collect(),
+        custom_data_bytes: env.custom_data.as_ref().map(|c| c.expose().len()),
+        preprovisioned_vm: env.preprovisioned_vm,
+        pps_type: env.pps_type.as_deref(),
+    };
+    if a.has("json") {
+        return print_json(&out);
+    }
+    println!("hostname: {}", out.hostname);
+    println!("username: {}", out.username);
+    println!(
+        "password: {}",
+        if out.has_password {
+            "set (not shown)"
+        } else {
+            "none"
+        }
+    );
+    println!(
+        "disable_ssh_password_auth: {}",
+        opt(out.disable_ssh_password_auth)
+    );
+    for k in &out.ssh_keys {
+        println!("ssh_key: {k}");
+    }
+    println!("custom_data_bytes: {}", opt(out.custom_data_bytes));
+    println!("preprovisioned_vm: {}", out.preprovisioned_vm);
+    println!("pps_type: {}", opt(out.pps_type));
+    Ok(())
+}
+
+fn opt<T: fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+#[derive(Serialize)]
+struct ImdsJson<'a> {
+    vm_id: &'a str,
+    computer_name: Option<&'a str>,
+    admin_username: Option<&'a str>,
+    disable_password_auth: bool,
+    ssh_keys: Vec<&'a str>,
+    user_data_bytes: Option<usize>,
+    location: Option<&'a str>,
+    vm_size: Option<&'a str>,
+}
+
+fn network_failure(what: &str, timeout: Duration, e: &HttpError) -> CliError {
+    CliError::Failed(format!(
+        "{what} failed within {}s: {e}",
+        timeout.as_secs_f64()
+    ))
+}
+
+fn cmd_imds(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(args, &["imds", "timeout"], &["json"])?;
+    a.no_positionals()?;
+    let base = a.value("imds")?.unwrap_or(imds::DEFAULT_BASE);
+    if !base.starts_with("http://") && !base.starts_with("https://") {
+        return Err(usage(format!(
+            "--imds: expected an http:// URL, got {base:?}"
+        )));
+    }
+    let timeout = a.timeout(Duration::from_secs(30))?;
+    let client = Client::new();
+    let m = imds::fetch(&client, base, Deadline::after(timeout))
+        .map_err(|e| network_failure("IMDS query", timeout, &e))?;
+    let out = ImdsJson {
+        vm_id: &m.vm_id,
+        computer_name: m.computer_name.as_deref(),
+        admin_username: m.admin_username.as_deref(),
+        disable_password_auth: m.disable_password_auth.unwrap_or(false),
+        ssh_keys: m.ssh_keys.iter().map(|k| k.data.as_str()).collect(),
+        user_data_bytes: m.user_data.as_ref().map(|u| u.expose().len()),
+        location: m.location.as_deref(),
+        vm_size: m.vm_size.as_deref(),
+    };
+    if a.has("json") {
+        return print_json(&out);
+    }
+    println!("vm_id: {}", out.vm_id);
+    println!("computer_name: {}", opt(out.computer_name));
+    println!("admin_username: {}", opt(out.admin_username));
+    println!("disable_password_auth: {}", out.disable_password_auth);
+    for k in &out.ssh_keys {
+        println!("ssh_key: {k}");
+    }
+    println!("user_data_bytes: {}", opt(out.user_data_bytes));
+    println!("location: {}", opt(out.location));
+    println!("vm_size: {}", opt(out.vm_size));
+    Ok(())
+}
+
+fn cmd_report(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(args, &["wireserver", "timeout", "reason"], &[])?;
+    let health = match a.positional.as_slice() {
+        [k] if k == "ready" => {
+            if a.value("reason")?.is_some() {
+                return Err(usage("--reason goes with `report failure`"));
+            }
+            Health::Ready
+        }
+        [k] if k == "failure" => {
+            let reason = a
+                .value("reason")?
+                .filter(|r| !r.trim().is_empty())
+                .ok_or_else(|| usage("azprov report failure: --reason TEXT is required"))?;
+            let vm_id = vmid::read(Path::new("/sys")).unwrap_or_else(|| "unknown".into());
+            Health::Failed {
+                description: wireserver::failure_description(
+                    reason,
+                    &vm_id,
+                    &crate::time::now_rfc3339(),
+                ),
+            }
+        }
+        _ => {
+            return Err(usage(
+                "azprov report: say `ready` or `failure --reason TEXT`",
+            ))
+        }
+    };
+    let addr = match a.value("wireserver")? {
+        Some(s) => wireserver::parse_endpoint(s).map_err(usage)?,
+        None => std::net::SocketAddr::from((wireserver::DEFAULT_ADDR, 80)),
+    };
+    let timeout = a.timeout(Duration::from_secs(60))?;
+    let client = Client::new();
+    let ws = WireServer {
+        client: &client,
+        addr,
+    };
+    let r = ws
+        .report(&health, Deadline::after(timeout))
+        .map_err(|e| network_failure("health report", timeout, &e))?;
+    let state = if health == Health::Ready {
+        "Ready"
+    } else {
+        "NotReady"
+    };
+    println!(
+        "reported {state} to {addr} (incarnation {}, {} POST(s))",
+        r.incarnation, r.posts
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_in_both_forms() {
+        let a = Args::parse(
+            &s(&["ready", "--timeout=5", "--wireserver", "1.2.3.4"]),
+            &["timeout", "wireserver"],
+            &["json"],
+        )
+        .unwrap();
+        assert_eq!(a.positional, ["ready"]);
+        assert_eq!(a.value("timeout").unwrap(), Some("5"));
+        assert_eq!(a.value("wireserver").unwrap(), Some("1.2.3.4"));
+        assert!(!a.has("json"));
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        for bad in [&["--nope"][..], &["--timeout"], &["--json=1"]] {
+            let e = Args::parse(&s(bad), &["timeout"], &["json"]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        let a = Args::parse(&s(&["--timeout", "1", "--timeout", "2"]), &["timeout"], &[]).unwrap();
+        assert!(a.value("timeout").is_err());
+        assert!(a.timeout(Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_secs("2.5"), Some(Duration::from_millis(2500)));
+        for bad in ["0", "-1", "x", "inf", "NaN", ""] {
+            assert_eq!(parse_secs(bad), None, "{bad}");
+        }
+    }
+}

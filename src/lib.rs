@@ -1,0 +1,25 @@
+//! azprov: provision an Azure Linux VM from the initramfs with no agent in the image.
+//!
+//! Layers, bottom up: `sys` (the only unsafe code), `azure` (wire formats and the one HTTP
+//! client), `cli` (the subcommands). DESIGN.md §5 has the map.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod azure;
+pub mod cli;
+pub mod deadline;
+pub mod log;
+pub mod secret;
+pub mod sys;
+pub mod time;
+
+/// The version reported to Azure in `agent=azprov/VERSION` and by `azprov version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

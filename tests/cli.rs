@@ -1,0 +1,272 @@
+//! The CLI contract: exact JSON keys, exit codes, one-line errors, no secrets printed.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const FIX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+
+fn azprov(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_azprov"))
+        .args(args)
+        // A proxy that would swallow every request: azprov must ignore it.
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("http_proxy", "http://127.0.0.1:9")
+        .env("ALL_PROXY", "http://127.0.0.1:9")
+        .output()
+        .unwrap()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    k.sort();
+    k
+}
+
+fn one_line_error(o: &Output, code: i32, needle: &str) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ovf_json_has_exactly_the_contract_keys() {
+    let v = json(&azprov(&["ovf", &format!("{FIX}/ovf/wala.xml"), "--json"]));
+    assert_eq!(
+        keys(&v),
+        [
+            "custom_data_bytes",
+            "disable_ssh_password_auth",
+            "has_password",
+            "hostname",
+            "pps_type",
+            "preprovisioned_vm",
+            "ssh_keys",
+            "username"
+        ]
+    );
+    assert_eq!(v["hostname"], "vm-wala");
+    assert_eq!(v["username"], "azureuser");
+    assert_eq!(v["has_password"], true);
+    assert_eq!(v["disable_ssh_password_auth"], false);
+    assert_eq!(
+        v["ssh_keys"],
+        serde_json::json!(["ssh-rsa AAAANOTAREALKEY== foo@bar.local"])
+    );
+    assert_eq!(v["custom_data_bytes"], 33);
+    assert_eq!(v["preprovisioned_vm"], false);
+    assert_eq!(v["pps_type"], Value::Null);
+
+    let v = json(&azprov(&[
+        "ovf",
+        &format!("{FIX}/ovf/mixed-crlf-bom.xml"),
+        "--json",
+    ]));
+    assert_eq!(v["has_password"], false);
+    assert_eq!(v["disable_ssh_password_auth"], Value::Null);
+    assert_eq!(v["pps_type"], "None");
+    assert_eq!(v["custom_data_bytes"], 13);
+}
+
+#[test]
+fn ovf_never_prints_the_password() {
+    for args in [vec!["ovf", "W"], vec!["ovf", "W", "--json"]] {
+        let f = format!("{FIX}/ovf/wala.xml");
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "W" { f.as_str() } else { a })
+            .collect();
+        let o = azprov(&args);
+        assert!(o.status.success());
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!all.contains("S3cr3t"), "{all}");
+        assert!(!all.contains("cloud-config"), "{all}");
+    }
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    one_line_error(
+        &azprov(&["ovf", "/nonexistent/ovf-env.xml"]),
+        2,
+        "/nonexistent/ovf-env.xml",
+    );
+    one_line_error(
+        &azprov(&["ovf", &format!("{FIX}/ovf/not-xml.xml")]),
+        2,
+        "not well-formed XML",
+    );
+    one_line_error(
+        &azprov(&["ovf", &format!("{FIX}/ovf/not-azure.xml")]),
+        2,
+        "ProvisioningSection",
+    );
+    one_line_error(
+        &azprov(&["ovf", &format!("{FIX}/ovf/no-hostname.xml")]),
+        2,
+        "HostName",
+    );
+    one_line_error(
+        &azprov(&["ovf", &format!("{FIX}/ovf/long-password.xml")]),
+        2,
+        "password length=73",
+    );
+    one_line_error(
+        &azprov(&["ovf", &format!("{FIX}/ovf/duplicate-hostname.xml")]),
+        2,
+        "more than one HostName",
+    );
+    one_line_error(&azprov(&["ovf", FIX]), 2, FIX);
+    one_line_error(&azprov(&["ovf"]), 2, "ovf-env.xml");
+    one_line_error(&azprov(&["imds", "--bogus"]), 2, "--bogus");
+    one_line_error(&azprov(&["imds", "--timeout", "soon"]), 2, "--timeout");
+    one_line_error(&azprov(&["report", "failure"]), 2, "--reason");
+    one_line_error(
+        &azprov(&["report", "ready", "--wireserver", "nowhere"]),
+        2,
+        "nowhere",
+    );
+    one_line_error(&azprov(&["frobnicate"]), 2, "frobnicate");
+}
+
+#[test]
+fn imds_json_against_a_local_server_ignoring_http_proxy() {
+    let s = Server::start(vec![answer(429, ""), answer(200, &imds_doc())]);
+    let v = json(&azprov(&[
+        "imds",
+        "--imds",
+        &format!("http://{}", s.addr),
+        "--timeout",
+        "20",
+        "--json",
+    ]));
+    assert_eq!(
+        keys(&v),
+        [
+            "admin_username",
+            "computer_name",
+            "disable_password_auth",
+            "location",
+            "ssh_keys",
+            "user_data_bytes",
+            "vm_id",
+            "vm_size"
+        ]
+    );
+    assert_eq!(v["vm_id"], "12345678-90ab-cdef-1234-567890abcdef");
+    assert_eq!(v["computer_name"], "temp-vm");
+    assert_eq!(v["admin_username"], "azureuser");
+    assert_eq!(v["disable_password_auth"], true);
+    assert_eq!(
+        v["ssh_keys"][0],
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7== azureuser@temp-vm"
+    );
+    assert_eq!(v["user_data_bytes"], 21);
+    assert_eq!(v["location"], "eastus2");
+    assert_eq!(v["vm_size"], "Standard_D2ds_v5");
+    assert_eq!(s.requests().len(), 2);
+    assert_eq!(s.requests()[0].header("Metadata"), Some("true"));
+}
+
+#[test]
+fn imds_network_failure_exits_1() {
+    let s = Server::start(vec![answer(503, "")]);
+    let o = azprov(&[
+        "imds",
+        "--imds",
+        &format!("http://{}", s.addr),
+        "--timeout",
+        "0.5",
+    ]);
+    one_line_error(&o, 1, "503");
+    let s = Server::start(vec![answer(403, "")]);
+    let o = azprov(&["imds", "--imds", &format!("http://{}", s.addr)]);
+    one_line_error(&o, 1, "403");
+}
+
+#[test]
+fn report_ready_and_failure() {
+    let s = Server::start(vec![
+        goal_state(9),
+        answer(200, ""),
+        goal_state(9),
+        answer(201, ""),
+    ]);
+    let ws = s.addr.to_string();
+    let o = azprov(&["report", "ready", "--wireserver", &ws]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = azprov(&[
+        "report",
+        "failure",
+        "--reason",
+        "failed to write authorized_keys & <more>",
+        "--wireserver",
+        &ws,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reqs = s.requests();
+    assert_eq!(reqs.len(), 4);
+    let ready = String::from_utf8(reqs[1].body.clone()).unwrap();
+    assert!(ready.contains("<State>Ready</State>") && ready.contains("<GoalStateIncarnation>9<"));
+    let failed = String::from_utf8(reqs[3].body.clone()).unwrap();
+    assert!(failed.contains("<State>NotReady</State>"), "{failed}");
+    assert!(failed.contains("<SubStatus>ProvisioningFailed</SubStatus>"));
+    assert!(
+        failed.contains(
+            "result=error|reason=failed to write authorized_keys &amp; &lt;more&gt;|agent=azprov/"
+        ),
+        "{failed}"
+    );
+}
+
+#[test]
+fn report_network_failure_exits_1() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = azprov(&[
+        "report",
+        "ready",
+        "--wireserver",
+        &format!("127.0.0.1:{port}"),
+        "--timeout",
+        "0.5",
+    ]);
+    one_line_error(&o, 1, "health report failed");
+}
+
+#[test]
+fn version() {
+    let o = azprov(&["version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("azprov {}", env!("CARGO_PKG_VERSION"))
+    );
+}
