@@ -17,6 +17,7 @@ pub mod azure;
 pub mod cli;
 pub mod deadline;
 pub mod log;
+pub mod net;
 pub mod secret;
 pub mod sys;
 pub mod time;

@@ -1,0 +1,278 @@
+//! The DHCPv4 client state machine (RFC 2131 §4.4), with no I/O: it is fed received messages
+//! and the time, and answers what to send and when to wake (smoltcp's `socket/dhcpv4.rs`
+//! shape). Time is a `Duration` since an arbitrary start, so tests drive a virtual clock.
+
+use super::wire::dhcpv4::{DhcpMessage, MessageType, Route, PARAMETER_REQUEST_LIST};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// RFC 2131 §4.1: the first retransmission after 4 s, doubling up to 64 s, each ±1 s.
+const FIRST_RETRANSMIT: Duration = Duration::from_secs(4);
+const MAX_RETRANSMIT: Duration = Duration::from_secs(64);
+/// REQUESTs sent for one offer before going back to INIT (§4.4.1: "reverts to INIT state").
+const MAX_REQUESTS: u32 = 4;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mac: [u8; 6],
+    /// Sent as option 12: Azure DNS registers the name the client sends.
+    pub hostname: Option<String>,
+    /// Give up at this time.
+    pub deadline: Duration,
+}
+
+/// A lease as applied: the address and what the routes and resolvers should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub address: Ipv4Addr,
+    pub prefix_len: u8,
+    /// Option 3's first router, as the server sent it (ignored for routing when option 121 is
+    /// present, RFC 3442 §2).
+    pub router: Option<Ipv4Addr>,
+    /// The routes to install: option 121's, else a default route via the router.
+    pub routes: Vec<Route>,
+    pub dns: Vec<Ipv4Addr>,
+    pub domain: Option<String>,
+    pub mtu: Option<u16>,
+    pub server_id: Ipv4Addr,
+    /// Option 245: the WireServer address.
+    pub wireserver: Option<Ipv4Addr>,
+    /// 0xffffffff is infinite, as Azure hands out.
+    pub lease_secs: u32,
+    pub broadcast: Option<Ipv4Addr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Broadcast this message now.
+    Send(DhcpMessage),
+    /// Nothing to do before this time (or until a message arrives).
+    Wait(Duration),
+    Bound(Lease),
+    TimedOut,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Offer {
+    address: Ipv4Addr,
+    server: Ipv4Addr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Selecting {
+        next: Duration,
+        sent: u32,
+    },
+    Requesting {
+        offer: Offer,
+        next: Duration,
+        sent: u32,
+    },
+    Bound(Lease),
+}
+
+#[derive(Debug)]
+pub struct Client {
+    cfg: Config,
+    rng: u64,
+    xid: u32,
+    start: Duration,
+    state: State,
+    /// NAKs received, for the log.
+    pub naks: u32,
+}
+
+impl Client {
+    /// `seed` feeds the xid and the jitter (from getrandom in production, fixed in tests).
+    pub fn new(cfg: Config, seed: u64, now: Duration) -> Self {
+        let mut c = Client {
+            cfg,
+            rng: seed | 1,
+            xid: 0,
+            start: now,
+            state: State::Selecting { next: now, sent: 0 },
+            naks: 0,
+        };
+        c.xid = c.next_random() as u32;
+        c
+    }
+
+    pub fn xid(&self) -> u32 {
+        self.xid
+    }
+
+    /// xorshift64*: enough for an xid and ±1 s of jitter.
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// The wait after send number `sent` (1-based): 4, 8, 16, 32, 64, 64… s, ±1 s.
+    fn retransmit_delay(&mut self, sent: u32) -> Duration {
+        let base = FIRST_RETRANSMIT
+            .saturating_mul(1u32 << sent.saturating_sub(1).min(5))
+            .min(MAX_RETRANSMIT);
+        let jitter_ms = (self.next_random() % 2001) as i64 - 1000;
+        let ms = base.as_millis() as i64 + jitter_ms;
+        Duration::from_millis(ms.max(0) as u64)
+    }
+
+    fn restart(&mut self, now: Duration) {
+        self.xid = self.next_random() as u32;
+        self.state = State::Selecting { next: now, sent: 0 };
+    }
+
+    /// What to do at `now`.
+    pub fn poll(&mut self, now: Duration) -> Action {
+        if let State::Bound(lease) = &self.state {
+            return Action::Bound(lease.clone());
+        }
+        if now >= self.cfg.deadline {
+            return Action::TimedOut;
+        }
+        if let State::Requesting { sent, next, .. } = self.state {
+            if sent >= MAX_REQUESTS && now >= next {
+                self.restart(now);
+            }
+        }
+        let wake = match self.state {
+            State::Selecting { next, sent } if now >= next => {
+                let delay = self.retransmit_delay(sent + 1);
+                self.state = State::Selecting {
+                    next: now + delay,
+                    sent: sent + 1,
+                };
+                return Action::Send(self.message(now, MessageType::Discover, None));
+            }
+            State::Requesting { offer, next, sent } if now >= next => {
+                let delay = self.retransmit_delay(sent + 1);
+                self.state = State::Requesting {
+                    offer,
+                    next: now + delay,
+                    sent: sent + 1,
+                };
+                return Action::Send(self.message(now, MessageType::Request, Some(offer)));
+            }
+            State::Selecting { next, .. } | State::Requesting { next, .. } => next,
+            State::Bound(_) => now,
+        };
+        Action::Wait(wake.min(self.cfg.deadline))
+    }
+
+    fn message(&self, now: Duration, kind: MessageType, offer: Option<Offer>) -> DhcpMessage {
+        let mut client_id = vec![1u8]; // hardware type Ethernet, then the MAC (RFC 2132 §9.14)
+        client_id.extend_from_slice(&self.cfg.mac);
+        DhcpMessage {
+            op: 1,
+            xid: self.xid,
+            secs: now
+                .saturating_sub(self.start)
+                .as_secs()
+                .min(u64::from(u16::MAX)) as u16,
+            chaddr: self.cfg.mac,
+            message_type: Some(kind),
+            client_id,
+            hostname: self.cfg.hostname.clone(),
+            parameter_request: PARAMETER_REQUEST_LIST.to_vec(),
+            max_message_size: Some(1500),
+            requested_ip: offer.map(|o| o.address),
+            server_id: offer.map(|o| o.server),
+            ..DhcpMessage::default()
+        }
+    }
+
+    /// Feeds one received message. Replies for someone else (wrong xid or chaddr), without a
+    /// server identifier, or unexpected in this state are dropped; returns whether it was used.
+    pub fn handle(&mut self, now: Duration, m: &DhcpMessage) -> bool {
+        if m.op != 2 || m.xid != self.xid || m.chaddr != self.cfg.mac {
+            return false;
+        }
+        let Some(server) = m.server_id else {
+            return false;
+        };
+        match (&self.state, m.message_type) {
+            (State::Selecting { .. }, Some(MessageType::Offer)) => {
+                let Some(address) = m.yiaddr else {
+                    return false;
+                };
+                // The first valid offer wins (RFC 2131 §4.4.1 lets the client choose).
+                self.state = State::Requesting {
+                    offer: Offer { address, server },
+                    next: now,
+                    sent: 0,
+                };
+                true
+            }
+            (State::Requesting { offer, .. }, Some(MessageType::Ack)) if offer.server == server => {
+                match lease_from_ack(m, server) {
+                    Some(lease) => {
+                        self.state = State::Bound(lease);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            (State::Requesting { offer, .. }, Some(MessageType::Nak)) if offer.server == server => {
+                self.naks += 1;
+                self.restart(now);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn prefix_from_mask(mask: Ipv4Addr) -> Option<u8> {
+    let bits = u32::from(mask);
+    let len = bits.leading_ones();
+    (bits.checked_shl(len).unwrap_or(0) == 0).then_some(len as u8)
+}
+
+/// The classful default when a server sends no mask (RFC 2132 §3.3 leaves it to the client).
+fn classful_prefix(a: Ipv4Addr) -> u8 {
+    match a.octets()[0] {
+        0..=127 => 8,
+        128..=191 => 16,
+        _ => 24,
+    }
+}
+
+fn lease_from_ack(m: &DhcpMessage, server_id: Ipv4Addr) -> Option<Lease> {
+    let address = m.yiaddr?;
+    let prefix_len = match m.subnet_mask {
+        Some(mask) => prefix_from_mask(mask)?,
+        None => classful_prefix(address),
+    };
+    let router = m.routers.first().copied();
+    let routes = match &m.classless_routes {
+        Some(r) => r.clone(),
+        None => router
+            .map(|gw| {
+                vec![Route {
+                    dest: Ipv4Addr::UNSPECIFIED,
+                    prefix_len: 0,
+                    gateway: gw,
+                }]
+            })
+            .unwrap_or_default(),
+    };
+    Some(Lease {
+        address,
+        prefix_len,
+        router,
+        routes,
+        dns: m.dns.clone(),
+        domain: m.domain.clone(),
+        mtu: m.mtu,
+        server_id,
+        wireserver: m.wireserver,
+        lease_secs: m.lease_secs.unwrap_or(u32::MAX),
+        broadcast: m.broadcast_addr,
+    })
+}
+
+#[cfg(test)]
+mod tests;
