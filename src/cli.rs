@@ -16,6 +16,7 @@ usage:
   azprov                                   as PID 1 of an initramfs; otherwise prints this help
   azprov ovf FILE [--json]                 parse ovf-env.xml (the password is never printed)
   azprov imds [--imds URL] [--timeout SECS] [--json]
+  azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
   azprov version
@@ -147,6 +148,7 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
     match cmd.as_str() {
         "ovf" => cmd_ovf(rest),
         "imds" => cmd_imds(rest),
+        "dhcp" => cmd_dhcp(rest),
         "report" => cmd_report(rest),
         "version" | "--version" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
@@ -345,6 +347,93 @@ fn cmd_report(args: &[String]) -> Result<(), CliError> {
         r.incarnation, r.posts
     );
     Ok(())
+}
+
+#[derive(Serialize)]
+struct RouteJson {
+    dest: String,
+    gateway: String,
+}
+
+#[derive(Serialize)]
+struct DhcpJson {
+    iface: String,
+    mac: String,
+    address: String,
+    prefix_len: u8,
+    router: Option<String>,
+    routes: Vec<RouteJson>,
+    dns: Vec<String>,
+    domain: Option<String>,
+    mtu: Option<u16>,
+    server_id: String,
+    wireserver: Option<String>,
+    lease_secs: u32,
+}
+
+fn cmd_dhcp(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(args, &["iface", "hostname", "timeout"], &["json", "keep"])?;
+    a.no_positionals()?;
+    let timeout = a.timeout(Duration::from_secs(30))?;
+    let class_net = Path::new(crate::net::link::SYS_CLASS_NET);
+    let (nic, applied) = crate::net::run::bring_up(
+        class_net,
+        a.value("iface")?,
+        a.value("hostname")?,
+        Deadline::after(timeout),
+    )
+    .map_err(|e| match e {
+        crate::net::run::DhcpError::Link(crate::net::link::LinkError::Unknown(_)) => {
+            usage(e.to_string())
+        }
+        e => CliError::Failed(e.to_string()),
+    })?;
+    let l = applied.lease();
+    let out = DhcpJson {
+        iface: nic.name.clone(),
+        mac: nic.mac_string(),
+        address: l.address.to_string(),
+        prefix_len: l.prefix_len,
+        router: l.router.map(|r| r.to_string()),
+        routes: l
+            .routes
+            .iter()
+            .map(|r| RouteJson {
+                dest: format!("{}/{}", r.dest, r.prefix_len),
+                gateway: r.gateway.to_string(),
+            })
+            .collect(),
+        dns: l.dns.iter().map(|d| d.to_string()).collect(),
+        domain: l.domain.clone(),
+        mtu: l.mtu,
+        server_id: l.server_id.to_string(),
+        wireserver: l.wireserver.map(|w| w.to_string()),
+        lease_secs: l.lease_secs,
+    };
+    if a.has("json") {
+        print_json(&out)?;
+    } else {
+        println!(
+            "{}: {}/{} from {} ({})",
+            out.iface, out.address, out.prefix_len, out.server_id, out.mac
+        );
+        for r in &out.routes {
+            println!("route {} via {}", r.dest, r.gateway);
+        }
+        println!("dns: {}", out.dns.join(" "));
+        println!("domain: {}", opt(out.domain.as_deref()));
+        println!("mtu: {}", opt(out.mtu));
+        println!("wireserver: {}", opt(out.wireserver.as_deref()));
+        println!("lease_secs: {}", out.lease_secs);
+    }
+    if a.has("keep") {
+        applied.keep();
+        Ok(())
+    } else {
+        applied
+            .teardown()
+            .map_err(|e| CliError::Failed(format!("teardown: {e}")))
+    }
 }
 
 #[cfg(test)]

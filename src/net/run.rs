@@ -1,1 +1,166 @@
+//! The thin I/O loop around the DHCP state machine: a raw socket on the chosen NIC, the real
+//! clock, and then applying the lease. Acquiring and applying are separate steps (u-root's
+//! dhclient split), so the lease can be inspected before anything is configured.
 
+use super::apply::{self, Applied, ApplyError};
+use super::dhcp::{Action, Client, Config, Lease};
+use super::link::{self, LinkError, LinkUp, Nic};
+use super::wire::dhcpv4::{DhcpMessage, CLIENT_PORT, SERVER_PORT};
+use super::wire::ipv4::UdpIpv4;
+use crate::deadline::Deadline;
+use crate::sys::packet::PacketSocket;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub enum DhcpError {
+    Link(LinkError),
+    Socket {
+        iface: String,
+        source: std::io::Error,
+    },
+    NoLease {
+        iface: String,
+        waited: Duration,
+    },
+    Apply(ApplyError),
+}
+
+impl DhcpError {
+    /// The fixed reason for a NotReady report (cloud-init's strings where they exist).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DhcpError::Link(LinkError::NoInterface | LinkError::Unknown(_)) => {
+                "failure to find DHCP interface"
+            }
+            DhcpError::Apply(_) => "failure to configure network",
+            _ => "failure to obtain DHCP lease",
+        }
+    }
+}
+
+impl std::fmt::Display for DhcpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DhcpError::Link(e) => write!(f, "{e}"),
+            DhcpError::Socket { iface, source } => write!(f, "raw socket on {iface}: {source}"),
+            DhcpError::NoLease { iface, waited } => write!(
+                f,
+                "failure to obtain DHCP lease on {iface} after {}s",
+                waited.as_secs_f64().round()
+            ),
+            DhcpError::Apply(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for DhcpError {}
+
+/// Picks the NIC, brings its link up and runs DHCP until bound or the deadline. The link is
+/// restored when the returned guard is dropped.
+pub fn acquire(
+    class_net: &Path,
+    iface: Option<&str>,
+    hostname: Option<&str>,
+    deadline: Deadline,
+) -> Result<(Nic, LinkUp, Lease), DhcpError> {
+    let started = Instant::now();
+    let nic = link::choose(class_net, iface).map_err(DhcpError::Link)?;
+    let no_lease = |nic: &Nic| DhcpError::NoLease {
+        iface: nic.name.clone(),
+        waited: started.elapsed(),
+    };
+    let up = link::bring_up(&nic).map_err(DhcpError::Link)?;
+    if !link::wait_carrier(class_net, &nic.name, deadline) {
+        log::warn!("no carrier on {} within the deadline", nic.name);
+        return Err(no_lease(&nic));
+    }
+    let sock = PacketSocket::open(nic.ifindex as i32).map_err(|source| DhcpError::Socket {
+        iface: nic.name.clone(),
+        source,
+    })?;
+    let mut seed = [0u8; 8];
+    crate::sys::random_bytes(&mut seed);
+    let t0 = Instant::now();
+    let cfg = Config {
+        mac: nic.mac,
+        hostname: hostname.map(str::to_string),
+        deadline: deadline.remaining(),
+    };
+    let mut client = Client::new(cfg, u64::from_le_bytes(seed), Duration::ZERO);
+    let mut buf = vec![0u8; 2048];
+    loop {
+        let now = t0.elapsed();
+        match client.poll(now) {
+            Action::Send(m) => {
+                let kind = m.message_type;
+                let payload = m.emit();
+                let packet = UdpIpv4 {
+                    src: Ipv4Addr::UNSPECIFIED,
+                    dst: Ipv4Addr::BROADCAST,
+                    src_port: CLIENT_PORT,
+                    dst_port: SERVER_PORT,
+                    payload: &payload,
+                }
+                .emit();
+                log::debug!("dhcp: sending {kind:?} xid {:#010x} on {}", m.xid, nic.name);
+                if let Err(e) = sock.send_broadcast(&packet) {
+                    // e.g. ENETDOWN while the link settles: the retransmit timer retries
+                    log::debug!("dhcp: send on {}: {e}", nic.name);
+                }
+            }
+            Action::Wait(until) => {
+                let wait = until.saturating_sub(now);
+                match sock.recv(&mut buf, wait) {
+                    Ok(Some(n)) => {
+                        if let Some(m) = buf.get(..n).and_then(decode) {
+                            if client.handle(t0.elapsed(), &m) {
+                                log::debug!(
+                                    "dhcp: got {:?} from {:?}",
+                                    m.message_type,
+                                    m.server_id
+                                );
+                            }
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(source) => {
+                        return Err(DhcpError::Socket {
+                            iface: nic.name.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+            Action::Bound(lease) => {
+                if client.naks > 0 {
+                    log::info!("dhcp: bound after {} NAK(s)", client.naks);
+                }
+                return Ok((nic, up, lease));
+            }
+            Action::TimedOut => return Err(no_lease(&nic)),
+        }
+    }
+}
+
+/// A DHCP reply inside an IPv4/UDP packet from port 67 to port 68, or None.
+fn decode(packet: &[u8]) -> Option<DhcpMessage> {
+    let udp = UdpIpv4::parse(packet).ok()?;
+    if udp.dst_port != CLIENT_PORT || udp.src_port != SERVER_PORT {
+        return None;
+    }
+    DhcpMessage::parse(udp.payload).ok()
+}
+
+/// Acquires a lease and configures it: the whole "bring the network up" step.
+pub fn bring_up(
+    class_net: &Path,
+    iface: Option<&str>,
+    hostname: Option<&str>,
+    deadline: Deadline,
+) -> Result<(Nic, Applied), DhcpError> {
+    let (nic, up, lease) = acquire(class_net, iface, hostname, deadline)?;
+    let applied = apply::apply(up, &lease).map_err(DhcpError::Apply)?;
+    Ok((nic, applied))
+}

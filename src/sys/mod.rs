@@ -1,5 +1,8 @@
 //! The only place with `unsafe`: thin, checked wrappers over Linux system calls.
 
+pub mod netlink;
+pub mod packet;
+
 /// Fills `buf` from the kernel's random source (getrandom(2), blocking until the pool is
 /// initialised, which on Hyper-V and QEMU happens early). Falls back to time-mixed bytes only if
 /// the call itself is unavailable, which never happens on the kernels azprov supports.

@@ -2,6 +2,8 @@
 //! next scripted answer, and every request is recorded.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};

@@ -260,11 +260,8 @@ impl DhcpMessage {
             }
         }
         let mut rest = b.get(field::OPTIONS..).unwrap_or(&[]);
-        loop {
-            let Some((&code, tail)) = rest.split_first() else {
-                // No END option: tolerated, as many stacks do.
-                break;
-            };
+        // A missing END option is tolerated, as many stacks do.
+        while let Some((&code, tail)) = rest.split_first() {
             match code {
                 opt::PAD => {
                     rest = tail;

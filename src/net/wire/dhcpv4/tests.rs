@@ -174,3 +174,46 @@ fn unknown_message_types_are_kept() {
         Some(MessageType::Unknown(42))
     );
 }
+
+/// OFFER and ACK captured from dnsmasq 2.89 in the test namespaces (10.42.0.0/24, options 121,
+/// 245 and 26 as the integration tests serve them).
+#[test]
+fn dnsmasq_offer_and_ack() {
+    for (name, kind) in [
+        ("dnsmasq-offer.hex", MessageType::Offer),
+        ("dnsmasq-ack.hex", MessageType::Ack),
+    ] {
+        let m = DhcpMessage::parse(&fixture(name)).unwrap();
+        assert_eq!(m.op, 2);
+        assert_eq!(m.message_type, Some(kind), "{name}");
+        assert_eq!(m.server_id, Some(Ipv4Addr::new(10, 42, 0, 1)));
+        assert_eq!(m.subnet_mask, Some(Ipv4Addr::new(255, 255, 255, 0)));
+        assert_eq!(m.routers, [Ipv4Addr::new(10, 42, 0, 1)]);
+        assert_eq!(m.mtu, Some(1400));
+        assert_eq!(m.lease_secs, Some(u32::MAX));
+        assert_eq!(m.wireserver, Some(Ipv4Addr::new(168, 63, 129, 16)));
+        let gw = Ipv4Addr::new(10, 42, 0, 1);
+        assert_eq!(
+            m.classless_routes.as_deref().unwrap(),
+            [
+                Route {
+                    dest: Ipv4Addr::UNSPECIFIED,
+                    prefix_len: 0,
+                    gateway: gw
+                },
+                Route {
+                    dest: Ipv4Addr::new(168, 63, 129, 16),
+                    prefix_len: 32,
+                    gateway: gw
+                },
+                Route {
+                    dest: Ipv4Addr::new(169, 254, 169, 254),
+                    prefix_len: 32,
+                    gateway: gw
+                },
+            ]
+        );
+        let yi = m.yiaddr.unwrap().octets();
+        assert_eq!(&yi[..3], &[10, 42, 0]);
+    }
+}

@@ -1,0 +1,345 @@
+//! Test hosts in network namespaces: a "fabric" namespace with a bridge (10.42.0.1/24) and a
+//! "vm" namespace whose `vm0` is cabled to it. More server namespaces can join the bridge.
+//! Needs root; under CI=true a missing privilege fails the test instead of skipping it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub fn sh(args: &[&str]) -> Output {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+/// True when the test can run; false (with a message) when it must be skipped outside CI.
+pub fn privileged() -> bool {
+    // SAFETY-free check: root is uid 0
+    let root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let tools = ["ip", "dnsmasq", "python3"].iter().all(|t| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    });
+    if root && tools {
+        return true;
+    }
+    let why = if root {
+        "ip, dnsmasq and python3 are needed (scripts/setup installs them)"
+    } else {
+        "needs root"
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("namespace test cannot run under CI: {why}");
+    }
+    eprintln!("SKIPPED: namespace test {why}");
+    false
+}
+
+pub struct Net {
+    pub fabric: String,
+    pub vm: String,
+    pub dir: PathBuf,
+    extra: Vec<String>,
+    children: Vec<Child>,
+}
+
+impl Net {
+    pub fn new() -> Net {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("{}{}", std::process::id() % 100_000, n);
+        let fabric = format!("azpf{tag}");
+        let vm = format!("azpv{tag}");
+        let dir = std::env::temp_dir().join(format!("azprov-net-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        sh(&["ip", "netns", "add", &fabric]);
+        sh(&["ip", "netns", "add", &vm]);
+        let net = Net {
+            fabric,
+            vm,
+            dir,
+            extra: Vec::new(),
+            children: Vec::new(),
+        };
+        let f = net.fabric.as_str();
+        sh(&["ip", "-n", f, "link", "set", "lo", "up"]);
+        sh(&["ip", "-n", &net.vm, "link", "set", "lo", "up"]);
+        sh(&[
+            "ip",
+            "-n",
+            f,
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+        ]);
+        sh(&["ip", "-n", f, "addr", "add", "10.42.0.1/24", "dev", "br0"]);
+        sh(&["ip", "-n", f, "link", "set", "br0", "up"]);
+        // the VM's cable: vm0 in the VM namespace, its peer on the bridge
+        sh(&[
+            "ip", "-n", &net.vm, "link", "add", "vm0", "type", "veth", "peer", "name", "p0",
+            "netns", f,
+        ]);
+        sh(&["ip", "-n", f, "link", "set", "p0", "master", "br0", "up"]);
+        // the fabric's well-known addresses, reachable only through the routes DHCP hands out
+        sh(&[
+            "ip",
+            "-n",
+            f,
+            "addr",
+            "add",
+            "168.63.129.16/32",
+            "dev",
+            "lo",
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            f,
+            "addr",
+            "add",
+            "169.254.169.254/32",
+            "dev",
+            "lo",
+        ]);
+        net
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// dnsmasq on the bridge, serving options 121, 245 and 26 the way Azure does.
+    pub fn dnsmasq(&mut self, extra: &[&str]) {
+        let log = self.path("dnsmasq.log");
+        let mut args = vec![
+            "netns".to_string(), "exec".into(), self.fabric.clone(), "dnsmasq".into(),
+            "--keep-in-foreground".into(), "--no-resolv".into(), "--no-hosts".into(), "--port=0".into(),
+            "--interface=br0".into(), "--bind-interfaces".into(), "--user=root".into(),
+            "--dhcp-range=10.42.0.10,10.42.0.50,255.255.255.0,infinite".into(),
+            "--dhcp-option=3,10.42.0.1".into(),
+            "--dhcp-option=6,168.63.129.16".into(),
+            "--dhcp-option=15,test.internal.cloudapp.net".into(),
+            "--dhcp-option=121,0.0.0.0/0,10.42.0.1,168.63.129.16/32,10.42.0.1,169.254.169.254/32,10.42.0.1".into(),
+            "--dhcp-option=26,1400".into(),
+            "--no-ping".into(), "--dhcp-authoritative".into(), "--log-dhcp".into(),
+            format!("--log-facility={}", log.display()),
+            format!("--dhcp-leasefile={}", self.path("dnsmasq.leases").display()),
+            format!("--pid-file={}", self.path("dnsmasq.pid").display()),
+        ];
+        if !extra.iter().any(|e| e.starts_with("--dhcp-option=245")) && !extra.contains(&"no-245") {
+            args.push("--dhcp-option=245,168.63.129.16".into());
+        }
+        args.extend(
+            extra
+                .iter()
+                .filter(|e| **e != "no-245")
+                .map(|s| s.to_string()),
+        );
+        let child = Command::new("ip")
+            .args(&args)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+        wait_for(
+            || {
+                std::fs::read_to_string(&log)
+                    .map(|l| l.contains("DHCP, IP range"))
+                    .unwrap_or(false)
+            },
+            "dnsmasq to start",
+        );
+    }
+
+    /// A scripted server (tests/dhcp_server.py) in its own namespace on the bridge.
+    pub fn script_server(&mut self, server_ip: &str, offer_ip: &str, flags: &[&str]) -> PathBuf {
+        let ns = format!("{}s{}", self.fabric, self.extra.len());
+        let port = format!("q{}", self.extra.len());
+        sh(&["ip", "netns", "add", &ns]);
+        self.extra.push(ns.clone());
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "link",
+            "add",
+            "srv0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            &self.fabric,
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &self.fabric,
+            "link",
+            "set",
+            &port,
+            "master",
+            "br0",
+            "up",
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{server_ip}/24"),
+            "dev",
+            "srv0",
+        ]);
+        sh(&["ip", "-n", &ns, "link", "set", "srv0", "up"]);
+        let log = self.path(&format!("server-{server_ip}.log"));
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dhcp_server.py");
+        let mut args = vec![
+            "netns",
+            "exec",
+            &ns,
+            "python3",
+            script,
+            "--iface",
+            "srv0",
+            "--server-ip",
+            server_ip,
+            "--offer-ip",
+            offer_ip,
+            "--router",
+            "10.42.0.1",
+        ];
+        let log_s = log.display().to_string();
+        args.extend(["--log", &log_s]);
+        args.extend(flags);
+        let mut child = Command::new("ip")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut buf = [0u8; 6];
+        std::io::Read::read_exact(&mut out, &mut buf).unwrap();
+        assert_eq!(&buf, b"ready\n");
+        self.children.push(child);
+        log
+    }
+
+    /// Runs a command in the VM namespace (ip netns exec gives it its own /sys).
+    pub fn in_vm(&self, cmd: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.vm])
+            .args(cmd)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    pub fn azprov(&self, args: &[&str]) -> Output {
+        let bin = env!("CARGO_BIN_EXE_azprov");
+        let mut cmd = vec![bin];
+        cmd.extend(args);
+        self.in_vm(&cmd)
+    }
+
+    pub fn ip_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut cmd = vec!["ip", "-j", "-n", self.vm.as_str()];
+        cmd.extend(args);
+        serde_json::from_slice(&sh(&cmd).stdout).unwrap()
+    }
+
+    /// IPv4 addresses on vm0.
+    pub fn vm_addrs(&self) -> Vec<String> {
+        let v = self.ip_json(&["-4", "addr", "show", "dev", "vm0"]);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+            .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+            .collect()
+    }
+
+    /// IPv4 routes in the VM's main table as "dst via gw".
+    pub fn vm_routes(&self) -> Vec<String> {
+        let v = self.ip_json(&["-4", "route", "show", "table", "main"]);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} via {}",
+                    r["dst"].as_str().unwrap(),
+                    r["gateway"].as_str().unwrap_or("-")
+                )
+            })
+            .collect()
+    }
+
+    pub fn vm_link(&self) -> serde_json::Value {
+        self.ip_json(&["link", "show", "dev", "vm0"])[0].clone()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // dnsmasq runs as a grandchild of `ip netns exec`? No: exec replaces; killing is enough.
+        for ns in self.extra.iter().chain([&self.vm, &self.fabric]) {
+            let _ = Command::new("ip")
+                .args(["netns", "pids", ns])
+                .output()
+                .map(|o| {
+                    for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                        let _ = Command::new("kill").arg(pid).status();
+                    }
+                });
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}

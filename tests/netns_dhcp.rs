@@ -1,0 +1,194 @@
+//! `azprov dhcp` against real DHCP servers in network namespaces (root; run by scripts/test).
+
+mod common;
+
+use common::netns::*;
+use serde_json::Value;
+
+fn json(o: &std::process::Output) -> Value {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn keep_leaves_the_lease_configured_as_dnsmasq_sent_it() {
+    if !privileged() {
+        return;
+    }
+    let mut net = Net::new();
+    net.dnsmasq(&[]);
+    let v = json(&net.azprov(&[
+        "dhcp",
+        "--iface",
+        "vm0",
+        "--hostname",
+        "vm-dhcp-1",
+        "--keep",
+        "--json",
+        "--timeout",
+        "20",
+    ]));
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "address",
+            "dns",
+            "domain",
+            "iface",
+            "lease_secs",
+            "mac",
+            "mtu",
+            "prefix_len",
+            "router",
+            "routes",
+            "server_id",
+            "wireserver"
+        ]
+    );
+    let addr = v["address"].as_str().unwrap().to_string();
+    assert!(addr.starts_with("10.42.0."), "{addr}");
+    assert_eq!(v["iface"], "vm0");
+    assert_eq!(v["prefix_len"], 24);
+    assert_eq!(v["router"], "10.42.0.1");
+    assert_eq!(v["server_id"], "10.42.0.1");
+    assert_eq!(v["wireserver"], "168.63.129.16");
+    assert_eq!(v["mtu"], 1400);
+    assert_eq!(v["lease_secs"], 4294967295u64);
+    assert_eq!(v["dns"], serde_json::json!(["168.63.129.16"]));
+    assert_eq!(v["domain"], "test.internal.cloudapp.net");
+    assert_eq!(
+        v["routes"],
+        serde_json::json!([
+            {"dest": "0.0.0.0/0", "gateway": "10.42.0.1"},
+            {"dest": "168.63.129.16/32", "gateway": "10.42.0.1"},
+            {"dest": "169.254.169.254/32", "gateway": "10.42.0.1"},
+        ])
+    );
+    let link = net.vm_link();
+    assert_eq!(v["mac"], link["address"]);
+    assert_eq!(link["mtu"], 1400);
+    assert!(link["flags"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("UP")));
+    assert_eq!(net.vm_addrs(), [format!("{addr}/24")]);
+    let mut routes = net.vm_routes();
+    routes.sort();
+    assert_eq!(
+        routes,
+        [
+            "10.42.0.0/24 via -",
+            "168.63.129.16 via 10.42.0.1",
+            "169.254.169.254 via 10.42.0.1",
+            "default via 10.42.0.1"
+        ]
+    );
+    // the hostname went out as option 12 (Azure DNS registers what the client sends)
+    let log = net.path("dnsmasq.log");
+    wait_for(
+        || read(&log).contains("client provides name: vm-dhcp-1"),
+        "dnsmasq to log option 12",
+    );
+    // the fabric's addresses resolve through the option 121 routes
+    for dst in ["168.63.129.16", "169.254.169.254"] {
+        let r = net.ip_json(&["route", "get", dst]);
+        assert_eq!(r[0]["gateway"], "10.42.0.1", "{r}");
+        assert_eq!(r[0]["dev"], "vm0");
+    }
+}
+
+#[test]
+fn without_keep_nothing_is_left() {
+    if !privileged() {
+        return;
+    }
+    let mut net = Net::new();
+    net.dnsmasq(&[]);
+    let before = net.vm_link();
+    let v = json(&net.azprov(&["dhcp", "--iface", "vm0", "--json", "--timeout", "20"]));
+    assert!(v["address"].as_str().unwrap().starts_with("10.42.0."));
+    assert!(net.vm_addrs().is_empty());
+    assert!(net.vm_routes().is_empty(), "{:?}", net.vm_routes());
+    let after = net.vm_link();
+    assert_eq!(after["mtu"], before["mtu"]);
+    assert_eq!(after["flags"], before["flags"]);
+}
+
+#[test]
+fn no_server_times_out_cleanly() {
+    if !privileged() {
+        return;
+    }
+    let net = Net::new();
+    let o = net.azprov(&["dhcp", "--iface", "vm0", "--timeout", "3"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("failure to obtain DHCP lease on vm0 after 3s"),
+        "{err}"
+    );
+    assert!(net.vm_addrs().is_empty());
+    assert!(net.vm_routes().is_empty());
+    let flags = net.vm_link()["flags"].clone();
+    assert!(
+        !flags.as_array().unwrap().contains(&Value::from("UP")),
+        "{flags}"
+    );
+}
+
+#[test]
+fn a_nak_for_the_first_request_restarts_and_binds() {
+    if !privileged() {
+        return;
+    }
+    let mut net = Net::new();
+    let log = net.script_server("10.42.0.2", "10.42.0.77", &["--nak-first"]);
+    let v = json(&net.azprov(&["dhcp", "--iface", "vm0", "--json", "--timeout", "20"]));
+    assert_eq!(v["address"], "10.42.0.77");
+    assert_eq!(v["server_id"], "10.42.0.2");
+    assert_eq!(v["wireserver"], Value::Null);
+    let lines: Vec<Value> = read(&log)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sent: Vec<u64> = lines.iter().filter_map(|l| l["sent"].as_u64()).collect();
+    assert_eq!(sent, [2, 6, 2, 5], "OFFER, NAK, OFFER, ACK: {lines:?}");
+    let got: Vec<&Value> = lines.iter().filter(|l| l.get("got").is_some()).collect();
+    assert_ne!(
+        got[0]["xid"], got[2]["xid"],
+        "a new exchange after the NAK has a new xid"
+    );
+}
+
+#[test]
+fn the_first_offer_wins_over_a_slower_server() {
+    if !privileged() {
+        return;
+    }
+    let mut net = Net::new();
+    net.dnsmasq(&[]);
+    let slow = net.script_server("10.42.0.3", "10.42.0.99", &["--delay", "1.0"]);
+    let v = json(&net.azprov(&["dhcp", "--iface", "vm0", "--json", "--timeout", "20"]));
+    assert_eq!(v["server_id"], "10.42.0.1");
+    assert_ne!(v["address"], "10.42.0.99");
+    // the slow server saw the DISCOVER and the REQUEST naming the other server, and acked nothing
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let lines: Vec<Value> = read(&slow)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["got"] == 3 && l["server_id"] == "10.42.0.1"),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l["sent"] == 5), "{lines:?}");
+}
