@@ -18,6 +18,7 @@ pub mod cli;
 pub mod deadline;
 pub mod log;
 pub mod net;
+pub mod provision;
 pub mod secret;
 pub mod sys;
 pub mod time;

@@ -1,0 +1,227 @@
+//! Merging ovf-env.xml and IMDS into one validated [`ProvisioningData`], keeping where each
+//! value came from. IMDS wins where both have a value (DESIGN.md §3); the password and custom
+//! data exist only in ovf-env.xml, user data only in IMDS.
+
+use super::data::{Hostname, KeyEntry, ProvisioningData, Source, SshKey, Username};
+use super::Failure;
+use crate::azure::imds::Imds;
+use crate::azure::ovf::OvfEnv;
+
+/// `ovf`: Ok(None) when there was no provisioning media. Causes are already Failures.
+pub fn merge(
+    ovf: &Result<Option<OvfEnv>, Failure>,
+    imds: &Result<Imds, Failure>,
+) -> Result<ProvisioningData, Failure> {
+    let ovf_env = match ovf {
+        Ok(o) => o.as_ref(),
+        // A password Azure cannot apply must not be dropped silently.
+        Err(f) if f.reason == "unsupported password length" => return Err(f.clone()),
+        Err(_) => None,
+    };
+    let imds = imds.as_ref();
+    if imds.is_err() && ovf_env.is_none() {
+        let ovf_cause = match ovf {
+            Ok(_) => "no provisioning media".to_string(),
+            Err(f) => f.to_string(),
+        };
+        let imds_cause = imds.err().map(|f| f.to_string()).unwrap_or_default();
+        let mut f = Failure::new(
+            "failed to obtain provisioning data",
+            format!("ovf-env.xml: {ovf_cause}; IMDS: {imds_cause}"),
+        );
+        f.extra = vec![("ovf", ovf_cause), ("imds", imds_cause)];
+        return Err(f);
+    }
+    let m = imds.ok();
+
+    let hostname = pick(
+        m.and_then(|m| m.computer_name.as_deref()),
+        ovf_env.map(|o| o.hostname.as_str()),
+    )
+    .ok_or_else(|| {
+        Failure::new(
+            "failed to determine hostname",
+            "neither IMDS nor ovf-env.xml has one",
+        )
+    })?;
+    let hostname = (
+        Hostname::parse(hostname.0).map_err(|e| Failure::new("invalid hostname", e))?,
+        hostname.1,
+    );
+
+    let username = pick(
+        m.and_then(|m| m.admin_username.as_deref()),
+        ovf_env.map(|o| o.username.as_str()),
+    )
+    .ok_or_else(|| {
+        Failure::new(
+            "failed to determine username",
+            "neither IMDS nor ovf-env.xml has one",
+        )
+    })?;
+    let username = (
+        Username::parse(username.0).map_err(|e| Failure::new("invalid username", e))?,
+        username.1,
+    );
+
+    let mut keys: Vec<KeyEntry> = Vec::new();
+    let imds_keys = m.map(|m| {
+        m.ssh_keys
+            .iter()
+            .map(|k| (k.data.as_str(), k.path.clone(), Source::Imds))
+    });
+    let ovf_keys = ovf_env.map(|o| {
+        o.ssh_keys
+            .iter()
+            .filter_map(|k| k.value.as_deref().map(|v| (v, k.path.clone(), Source::Ovf)))
+    });
+    for (text, path, source) in imds_keys
+        .into_iter()
+        .flatten()
+        .chain(ovf_keys.into_iter().flatten())
+    {
+        match SshKey::parse(text) {
+            Ok(key) if keys.iter().any(|e| e.key.identity() == key.identity()) => {}
+            Ok(key) => keys.push(KeyEntry { key, path, source }),
+            Err(e) => log::warn!("skipping an SSH key from {source}: {e}"),
+        }
+    }
+
+    let disable_password_auth = match (
+        m.and_then(|m| m.disable_password_auth),
+        ovf_env.and_then(|o| o.disable_ssh_password_auth),
+    ) {
+        (Some(v), _) => Some((v, Source::Imds)),
+        (None, Some(v)) => Some((v, Source::Ovf)),
+        (None, None) => None,
+    };
+
+    Ok(ProvisioningData {
+        vm_id: m.map(|m| m.vm_id.clone()),
+        hostname,
+        username,
+        keys,
+        password: ovf_env.and_then(|o| o.password.clone()),
+        disable_password_auth,
+        custom_data: ovf_env.and_then(|o| o.custom_data.clone()),
+        user_data: m.and_then(|m| m.user_data.clone()),
+        imds_json: m.map(|m| m.raw.clone()),
+    })
+}
+
+fn pick<'a>(imds: Option<&'a str>, ovf: Option<&'a str>) -> Option<(&'a str, Source)> {
+    imds.map(|v| (v, Source::Imds))
+        .or_else(|| ovf.map(|v| (v, Source::Ovf)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::azure::{imds, ovf};
+
+    const OVF: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ovf/wala.xml"
+    ));
+    const IMDS: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/imds/full.json"
+    ));
+
+    fn both() -> (Result<Option<OvfEnv>, Failure>, Result<Imds, Failure>) {
+        (
+            Ok(Some(ovf::parse(OVF).unwrap())),
+            Ok(imds::parse(IMDS).unwrap()),
+        )
+    }
+
+    #[test]
+    fn imds_wins_and_ovf_adds_password_custom_data_and_keys() {
+        let (o, m) = both();
+        let d = merge(&o, &m).unwrap();
+        assert_eq!(d.hostname.0.as_str(), "temp-vm");
+        assert_eq!(d.hostname.1, Source::Imds);
+        assert_eq!(d.username.0.as_str(), "azureuser");
+        assert_eq!(d.disable_password_auth, Some((true, Source::Imds)));
+        assert_eq!(d.password.unwrap().expose(), "S3cr3t&Pass");
+        assert!(d.custom_data.is_some() && d.user_data.is_some());
+        let sources: Vec<Source> = d.keys.iter().map(|k| k.source).collect();
+        assert_eq!(sources, [Source::Imds, Source::Imds, Source::Ovf]);
+        assert_eq!(
+            d.vm_id.as_deref(),
+            Some("12345678-90ab-cdef-1234-567890abcdef")
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_merged() {
+        let (o, mut m) = both();
+        let mut env = o.unwrap().unwrap();
+        env.ssh_keys[0].value = Some(
+            m.as_ref().unwrap().ssh_keys[0]
+                .data
+                .replace("azureuser@temp-vm", "other comment"),
+        );
+        if let Ok(m) = &mut m {
+            m.ssh_keys.push(m.ssh_keys[0].clone());
+        }
+        let d = merge(&Ok(Some(env)), &m).unwrap();
+        assert_eq!(d.keys.len(), 2);
+    }
+
+    #[test]
+    fn ovf_alone_when_imds_fails() {
+        let (o, _) = both();
+        let d = merge(&o, &Err(Failure::new("http error 503 querying IMDS", ""))).unwrap();
+        assert_eq!(
+            d.hostname,
+            (Hostname::parse("vm-wala").unwrap(), Source::Ovf)
+        );
+        assert_eq!(d.username.1, Source::Ovf);
+        assert_eq!(d.disable_password_auth, Some((false, Source::Ovf)));
+        assert_eq!(d.keys.len(), 1);
+        assert!(d.user_data.is_none() && d.vm_id.is_none());
+    }
+
+    #[test]
+    fn imds_alone_without_media() {
+        let (_, m) = both();
+        let d = merge(&Ok(None), &m).unwrap();
+        assert!(d.password.is_none() && d.custom_data.is_none());
+        assert_eq!(d.keys.len(), 2);
+    }
+
+    #[test]
+    fn nothing_usable_names_both_causes() {
+        let e = merge(
+            &Ok(None),
+            &Err(Failure::new("connection error querying IMDS", "refused")),
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, "failed to obtain provisioning data");
+        assert_eq!(e.extra[0], ("ovf", "no provisioning media".to_string()));
+        assert_eq!(
+            e.extra[1],
+            (
+                "imds",
+                "connection error querying IMDS: refused".to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        let (o, m) = both();
+        let mut bad = m.clone().unwrap();
+        bad.computer_name = Some("bad_name!".into());
+        assert_eq!(merge(&o, &Ok(bad)).unwrap_err().reason, "invalid hostname");
+        let mut bad = m.unwrap();
+        bad.admin_username = Some("root".into());
+        assert_eq!(merge(&o, &Ok(bad)).unwrap_err().reason, "invalid username");
+        let long = Err(Failure::new("unsupported password length", "73"));
+        assert_eq!(
+            merge(&long, &both().1).unwrap_err().reason,
+            "unsupported password length"
+        );
+    }
+}

@@ -1,0 +1,348 @@
+use super::*;
+use crate::provision::data::{KeyEntry, Source, SshKey};
+use std::os::unix::fs::symlink;
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/root");
+
+/// A Debian-like root in a fresh temp dir, with shadow 0640 root:shadow as on Debian.
+fn seeded(name: &str) -> Option<(PathBuf, Sysroot)> {
+    if !is_root() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("sysroot tests need root under CI (they chown files)");
+        }
+        eprintln!("SKIPPED: sysroot tests need root");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("azprov-sysroot-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(FIXTURE)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    for f in ["etc/shadow", "etc/gshadow"] {
+        fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::chown(dir.join(f), Some(0), Some(42)).unwrap();
+    }
+    Some((dir.clone(), Sysroot::new(dir)))
+}
+
+fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+fn owner(p: &Path) -> (u32, u32) {
+    let m = fs::symlink_metadata(p).unwrap();
+    (m.uid(), m.gid())
+}
+
+fn text(p: &Path) -> String {
+    fs::read_to_string(p).unwrap()
+}
+
+fn key(s: &str) -> KeyEntry {
+    KeyEntry {
+        key: SshKey::parse(s).unwrap(),
+        path: None,
+        source: Source::Imds,
+    }
+}
+
+const K1: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK2first one@a";
+const K2: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABsecond two@b";
+
+#[test]
+fn crypt_matches_the_reference_vector() {
+    // From the SHA-crypt specification (Drepper), rounds=5000 implied.
+    assert_eq!(
+        crypt_sha512("Hello world!", "saltstring").unwrap(),
+        "$6$saltstring$svn8UoSVapNtMuq1ukKS4tPQd8iKwSMHWjl/O817G3uBnIFNjnQJuesI68u4OTLiBFdcbYEdFCoEOfaS35inz1"
+    );
+    let a = hash_password(&Secret::new("pw".into())).unwrap();
+    let b = hash_password(&Secret::new("pw".into())).unwrap();
+    assert!(a.starts_with("$6$") && a.len() > 90);
+    assert_ne!(a, b, "salts are random");
+}
+
+#[test]
+fn resolve_stays_inside_the_root() {
+    let Some((dir, root)) = seeded("resolve") else {
+        return;
+    };
+    fs::create_dir_all(dir.join("var/home")).unwrap();
+    fs::remove_dir_all(dir.join("home")).unwrap();
+    symlink("/var/home", dir.join("home")).unwrap(); // absolute: the root's own /var/home
+    assert_eq!(
+        root.resolve("/home/u/.ssh").unwrap(),
+        dir.join("var/home/u/.ssh")
+    );
+    symlink("../../../../../../..", dir.join("var/up")).unwrap();
+    assert!(matches!(
+        root.resolve("/var/up/etc/passwd"),
+        Err(WriteError::Escape(_))
+    ));
+    assert!(matches!(
+        root.resolve("/../etc/passwd"),
+        Err(WriteError::Escape(_))
+    ));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn hostname_and_hosts() {
+    let Some((dir, root)) = seeded("hostname") else {
+        return;
+    };
+    root.write_hostname(&Hostname::parse("vm-42").unwrap())
+        .unwrap();
+    assert_eq!(text(&dir.join("etc/hostname")), "vm-42\n");
+    assert_eq!(mode(&dir.join("etc/hostname")), 0o644);
+    let hosts = text(&dir.join("etc/hosts"));
+    assert!(hosts.contains("127.0.1.1\tvm-42\n"), "{hosts}");
+    assert!(!hosts.contains("debian-image"));
+    assert!(hosts.starts_with("127.0.0.1\tlocalhost\n"));
+    // no temp files left behind
+    let leftovers: Vec<_> = fs::read_dir(dir.join("etc"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("azprov-tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn new_user_gets_accounts_home_and_locked_password() {
+    let Some((dir, root)) = seeded("user") else {
+        return;
+    };
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    assert_eq!(
+        a,
+        Account {
+            uid: 1000,
+            gid: 1000,
+            home: "/home/azureuser".into(),
+            created: true
+        }
+    );
+    assert!(text(&dir.join("etc/passwd"))
+        .ends_with("azureuser:x:1000:1000::/home/azureuser:/bin/bash\n"));
+    assert!(text(&dir.join("etc/group")).ends_with("azureuser:x:1000:\n"));
+    assert!(text(&dir.join("etc/gshadow")).ends_with("azureuser:!::\n"));
+    let shadow = text(&dir.join("etc/shadow"));
+    let line = shadow.lines().last().unwrap();
+    assert!(line.starts_with("azureuser:!:"), "{line}");
+    // modes and owners kept
+    assert_eq!(
+        (
+            mode(&dir.join("etc/shadow")),
+            owner(&dir.join("etc/shadow"))
+        ),
+        (0o640, (0, 42))
+    );
+    assert_eq!(mode(&dir.join("etc/passwd")), 0o644);
+    assert_eq!(
+        (
+            mode(&dir.join("etc/gshadow")),
+            owner(&dir.join("etc/gshadow"))
+        ),
+        (0o640, (0, 42))
+    );
+    // home from skel
+    let home = dir.join("home/azureuser");
+    assert_eq!((mode(&home), owner(&home)), (0o750, (1000, 1000)));
+    assert_eq!(
+        text(&home.join(".bashrc")),
+        text(&dir.join("etc/skel/.bashrc"))
+    );
+    assert_eq!(owner(&home.join(".profile")), (1000, 1000));
+    // a second run finds the user and adds nothing
+    let again = root.ensure_user(&u, None).unwrap();
+    assert!(!again.created);
+    assert_eq!(
+        text(&dir.join("etc/passwd")).matches("azureuser").count(),
+        2
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn uid_range_comes_from_login_defs_and_ids_in_use_are_skipped() {
+    let Some((dir, root)) = seeded("uidmin") else {
+        return;
+    };
+    fs::write(dir.join("etc/login.defs"), "UID_MIN 2000\nGID_MIN 2000\n").unwrap();
+    let mut p = text(&dir.join("etc/passwd"));
+    p.push_str("taken:x:2000:2000::/home/taken:/bin/sh\n");
+    fs::write(dir.join("etc/passwd"), p).unwrap();
+    let mut g = text(&dir.join("etc/group"));
+    g.push_str("taken:x:2000:\n");
+    fs::write(dir.join("etc/group"), g).unwrap();
+    let a = root
+        .ensure_user(&Username::parse("bob").unwrap(), None)
+        .unwrap();
+    assert_eq!((a.uid, a.gid), (2001, 2001));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn password_is_stored_as_sha512_crypt() {
+    let Some((dir, root)) = seeded("password") else {
+        return;
+    };
+    root.ensure_user(
+        &Username::parse("pw").unwrap(),
+        Some(&Secret::new("S3cr3t&Pass".into())),
+    )
+    .unwrap();
+    let shadow = text(&dir.join("etc/shadow"));
+    let hash = shadow
+        .lines()
+        .last()
+        .unwrap()
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert!(hash.starts_with("$6$"), "{hash}");
+    let salt = hash.split('$').nth(2).unwrap();
+    assert_eq!(crypt_sha512("S3cr3t&Pass", salt).unwrap(), hash);
+    assert!(!shadow.contains("S3cr3t"));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn system_accounts_are_refused() {
+    let Some((dir, root)) = seeded("sysacct") else {
+        return;
+    };
+    let before = text(&dir.join("etc/passwd"));
+    let e = root
+        .ensure_user(&Username::parse("daemon").unwrap(), None)
+        .unwrap_err();
+    assert!(matches!(e, WriteError::SystemAccount { uid: 1, .. }), "{e}");
+    assert_eq!(text(&dir.join("etc/passwd")), before);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn keys_are_merged_without_duplicates() {
+    let Some((dir, root)) = seeded("keys") else {
+        return;
+    };
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    let ssh = dir.join("home/azureuser/.ssh");
+    fs::create_dir(&ssh).unwrap();
+    fs::write(ssh.join("authorized_keys"), format!("# mine\n{K1}\n")).unwrap();
+    let files = root.write_keys(&a, &u, &[key(K1), key(K2)]).unwrap();
+    assert_eq!(files, ["/home/azureuser/.ssh/authorized_keys"]);
+    assert_eq!(
+        text(&ssh.join("authorized_keys")),
+        format!("# mine\n{K1}\n{K2}\n")
+    );
+    assert_eq!((mode(&ssh), owner(&ssh)), (0o700, (1000, 1000)));
+    let ak = ssh.join("authorized_keys");
+    assert_eq!((mode(&ak), owner(&ak)), (0o600, (1000, 1000)));
+    // again: nothing new
+    root.write_keys(&a, &u, &[key(K2)]).unwrap();
+    assert_eq!(text(&ak).lines().count(), 3);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn key_paths_are_honoured_only_inside_the_home() {
+    let Some((dir, root)) = seeded("keypath") else {
+        return;
+    };
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    let mut inside = key(K1);
+    inside.path = Some("/home/azureuser/.ssh/authorized_keys2".into());
+    let mut outside = key(K2);
+    outside.path = Some("/etc/ssh/authorized_keys".into());
+    let mut sneaky = key(K2);
+    sneaky.path = Some("/home/azureuser/../../etc/x".into());
+    let files = root.write_keys(&a, &u, &[inside, outside, sneaky]).unwrap();
+    assert_eq!(
+        files,
+        [
+            "/home/azureuser/.ssh/authorized_keys2",
+            "/home/azureuser/.ssh/authorized_keys"
+        ]
+    );
+    assert!(!dir.join("etc/ssh/authorized_keys").exists());
+    assert!(!dir.join("etc/x").exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_symlinked_ssh_dir_is_refused_and_its_target_untouched() {
+    let Some((dir, root)) = seeded("sshlink") else {
+        return;
+    };
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    symlink("/etc", dir.join("home/azureuser/.ssh")).unwrap();
+    let before: Vec<_> = fs::read_dir(dir.join("etc"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let e = root.write_keys(&a, &u, &[key(K1)]).unwrap_err();
+    assert!(matches!(e, WriteError::Symlink(_)), "{e}");
+    let after: Vec<_> = fs::read_dir(dir.join("etc"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after);
+    assert!(!dir.join("etc/authorized_keys").exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sudoers_and_sshd_drop_ins() {
+    let Some((dir, root)) = seeded("sudo") else {
+        return;
+    };
+    let u = Username::parse("azureuser").unwrap();
+    root.write_sudoers(&u, false).unwrap();
+    let s = dir.join("etc/sudoers.d/90-azprov");
+    assert_eq!((mode(&s), owner(&s)), (0o440, (0, 0)));
+    assert!(text(&s).contains("azureuser ALL=(ALL) NOPASSWD:ALL\n"));
+    root.write_sudoers(&u, true).unwrap();
+    assert!(text(&s).contains("azureuser ALL=(ALL) ALL\n"));
+    assert!(root.write_sshd(false).unwrap());
+    let d = dir.join("etc/ssh/sshd_config.d/50-azprov.conf");
+    assert!(text(&d).contains("PasswordAuthentication no\n"));
+    assert_eq!(mode(&d), 0o644);
+    fs::remove_dir_all(dir.join("etc/ssh/sshd_config.d")).unwrap();
+    assert!(!root.write_sshd(true).unwrap());
+    assert!(!dir.join("etc/ssh/sshd_config.d").exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn state_files_are_private() {
+    let Some((dir, root)) = seeded("state") else {
+        return;
+    };
+    root.write_state("customdata", b"#cloud-config\n").unwrap();
+    root.write_state("provisioned", b"vm-1\n").unwrap();
+    assert_eq!(mode(&dir.join("var/lib/azprov")), 0o700);
+    assert_eq!(mode(&dir.join("var/lib/azprov/customdata")), 0o600);
+    assert_eq!(root.read_marker().as_deref(), Some("vm-1"));
+    fs::remove_dir_all(&dir).unwrap();
+}
