@@ -16,6 +16,8 @@ usage:
   azprov                                   as PID 1 of an initramfs; otherwise prints this help
   azprov ovf FILE [--json]                 parse ovf-env.xml (the password is never printed)
   azprov imds [--imds URL] [--timeout SECS] [--json]
+  azprov provision --root DIR [--iface IF] [--no-dhcp] [--media DEV]... [--ovf FILE] [--force]
+                   [--timeout SECS] [--json] [--wireserver IP[:PORT]] [--imds URL]
   azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
@@ -149,6 +151,7 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         "ovf" => cmd_ovf(rest),
         "imds" => cmd_imds(rest),
         "dhcp" => cmd_dhcp(rest),
+        "provision" => cmd_provision(rest),
         "report" => cmd_report(rest),
         "version" | "--version" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
@@ -256,15 +259,86 @@ fn network_failure(what: &str, timeout: Duration, e: &HttpError) -> CliError {
     ))
 }
 
-fn cmd_imds(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["imds", "timeout"], &["json"])?;
-    a.no_positionals()?;
+fn imds_base(a: &Args) -> Result<String, CliError> {
     let base = a.value("imds")?.unwrap_or(imds::DEFAULT_BASE);
     if !base.starts_with("http://") && !base.starts_with("https://") {
         return Err(usage(format!(
             "--imds: expected an http:// URL, got {base:?}"
         )));
     }
+    Ok(base.to_string())
+}
+
+fn wireserver_flag(a: &Args) -> Result<Option<std::net::SocketAddr>, CliError> {
+    a.value("wireserver")?
+        .map(wireserver::parse_endpoint)
+        .transpose()
+        .map_err(usage)
+}
+
+fn cmd_provision(args: &[String]) -> Result<(), CliError> {
+    use crate::provision::run::{provision, MediaSource, Options};
+    let a = Args::parse(
+        args,
+        &[
+            "root",
+            "iface",
+            "media",
+            "ovf",
+            "timeout",
+            "wireserver",
+            "imds",
+        ],
+        &["no-dhcp", "force", "json"],
+    )?;
+    a.no_positionals()?;
+    let root = a
+        .value("root")?
+        .ok_or_else(|| usage("azprov provision: --root DIR is required"))?;
+    if !Path::new(root).is_dir() {
+        return Err(usage(format!("--root {root}: not a directory")));
+    }
+    let media = match a.value("ovf")? {
+        Some(f) => {
+            if !a.values("media").is_empty() {
+                return Err(usage("--ovf and --media exclude each other"));
+            }
+            std::fs::File::open(f).map_err(|e| usage(format!("--ovf {f}: {e}")))?;
+            MediaSource::File(f.into())
+        }
+        None => MediaSource::Devices(a.values("media").iter().map(Into::into).collect()),
+    };
+    let opts = Options {
+        root: root.into(),
+        iface: a.value("iface")?.map(str::to_string),
+        dhcp: !a.has("no-dhcp"),
+        media,
+        force: a.has("force"),
+        timeout: a.timeout(Duration::from_secs(300))?,
+        wireserver: wireserver_flag(&a)?,
+        imds: imds_base(&a)?,
+        keep_network: false,
+        sys: "/sys".into(),
+        dev: "/dev".into(),
+    };
+    let summary = provision(&opts);
+    if a.has("json") {
+        print_json(&summary)?;
+    }
+    match summary.exit_code() {
+        0 => Ok(()),
+        _ => Err(CliError::Failed(format!(
+            "provisioning failed: {}",
+            summary.reason.as_deref().unwrap_or("unknown")
+        ))),
+    }
+}
+
+fn cmd_imds(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(args, &["imds", "timeout"], &["json"])?;
+    a.no_positionals()?;
+    let base = imds_base(&a)?;
+    let base = base.as_str();
     let timeout = a.timeout(Duration::from_secs(30))?;
     let client = Client::new();
     let m = imds::fetch(&client, base, Deadline::after(timeout))
@@ -324,10 +398,8 @@ fn cmd_report(args: &[String]) -> Result<(), CliError> {
             ))
         }
     };
-    let addr = match a.value("wireserver")? {
-        Some(s) => wireserver::parse_endpoint(s).map_err(usage)?,
-        None => std::net::SocketAddr::from((wireserver::DEFAULT_ADDR, 80)),
-    };
+    let addr = wireserver_flag(&a)?
+        .unwrap_or_else(|| std::net::SocketAddr::from((wireserver::DEFAULT_ADDR, 80)));
     let timeout = a.timeout(Duration::from_secs(60))?;
     let client = Client::new();
     let ws = WireServer {

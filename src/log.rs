@@ -76,3 +76,34 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
         _ => None,
     }
 }
+
+/// A sink that keeps every line in memory, so the whole boot's log can be written into the
+/// root once it is known to be writable (`/var/log/azprov.log`).
+#[derive(Clone, Default)]
+pub struct Capture(std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl Capture {
+    /// Installs a new capture as a sink and returns a handle to read it.
+    pub fn install() -> Capture {
+        let c = Capture::default();
+        add_sink(Box::new(c.clone()));
+        c
+    }
+
+    pub fn contents(&self) -> Vec<u8> {
+        self.0.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.0.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod imds;
+pub mod media;
 pub mod ovf;
 pub mod vmid;
 pub mod wireserver;

@@ -60,14 +60,24 @@ pub enum Health {
 /// `result=error|reason=…|agent=azprov/VER|vm_id=…|timestamp=…`, trimmed to 512 characters.
 /// Values holding the delimiter are quoted the way cloud-init's csv writer does.
 pub fn failure_description(reason: &str, vm_id: &str, timestamp: &str) -> String {
+    failure_description_with(reason, &[], vm_id, timestamp)
+}
+
+/// The same with supporting data between `agent` and `vm_id`, in cloud-init's field order.
+pub fn failure_description_with(
+    reason: &str,
+    extra: &[(&str, String)],
+    vm_id: &str,
+    timestamp: &str,
+) -> String {
     let agent = format!("azprov/{}", crate::VERSION);
-    let fields = [
+    let mut fields = vec![
         ("result", "error"),
         ("reason", reason),
         ("agent", agent.as_str()),
-        ("vm_id", vm_id),
-        ("timestamp", timestamp),
     ];
+    fields.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+    fields.extend([("vm_id", vm_id), ("timestamp", timestamp)]);
     let joined = fields
         .iter()
         .map(|(k, v)| quote(&format!("{k}={v}")))

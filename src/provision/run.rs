@@ -1,1 +1,372 @@
+//! The provisioning run of DESIGN.md §2, from "already provisioned?" to "teardown", shared by
+//! hook mode (`azprov provision --root`) and PID 1 mode.
 
+use super::data::ProvisioningData;
+use super::merge::merge;
+use super::sysroot::{self, Sysroot};
+use super::Failure;
+use crate::azure::http::{Client, HttpError};
+use crate::azure::ovf::{self, OvfEnv};
+use crate::azure::wireserver::{self, Health, WireServer};
+use crate::azure::{imds, media, vmid};
+use crate::deadline::Deadline;
+use crate::net::apply::Applied;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Where the provisioning data may come from.
+#[derive(Debug, Clone)]
+pub enum MediaSource {
+    /// CD-ROM drives under `/dev` plus these extra devices.
+    Devices(Vec<PathBuf>),
+    /// An ovf-env.xml file instead of a disc.
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub root: PathBuf,
+    pub iface: Option<String>,
+    pub dhcp: bool,
+    pub media: MediaSource,
+    pub force: bool,
+    pub timeout: Duration,
+    pub wireserver: Option<SocketAddr>,
+    pub imds: String,
+    pub keep_network: bool,
+    /// Normally `/sys` and `/dev`; injected in tests.
+    pub sys: PathBuf,
+    pub dev: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Report {
+    Ready,
+    Failure,
+    /// Already provisioned: nothing done, nothing reported.
+    Skipped,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Timings {
+    pub media: u64,
+    pub dhcp: u64,
+    pub imds: u64,
+    pub write: u64,
+    pub report: u64,
+    pub total: u64,
+}
+
+/// The `--json` summary; never holds a secret.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub vm_id: Option<String>,
+    pub hostname: Option<String>,
+    pub username: Option<String>,
+    pub ssh_keys: usize,
+    pub custom_data: bool,
+    pub user_data: bool,
+    pub report: Report,
+    pub reason: Option<String>,
+    pub timings_ms: Timings,
+}
+
+impl Summary {
+    /// 0 when Ready was reported (or nothing was needed), 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self.report {
+            Report::Ready | Report::Skipped => 0,
+            Report::Failure => 1,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Why the root counts as provisioned already, or None.
+pub fn already_provisioned(root: &Sysroot, sys: &Path) -> Option<String> {
+    let marker = root.read_marker()?;
+    match vmid::read(sys) {
+        Some(id) if id == marker => Some(format!("VM id {id} matches {}", sysroot::MARKER)),
+        Some(id) => {
+            log::info!(
+                "{} holds {marker}, this VM is {id}: provisioning",
+                sysroot::MARKER
+            );
+            None
+        }
+        None => Some(format!("{} exists and DMI has no VM id", sysroot::MARKER)),
+    }
+}
+
+fn imds_failure(e: &HttpError) -> Failure {
+    let reason = match e {
+        HttpError::Deadline { last, .. } => return imds_failure(last),
+        HttpError::Transport { detail, .. } if detail.contains("timed out") => {
+            "connection timeout querying IMDS"
+        }
+        HttpError::Transport { .. } => "connection error querying IMDS",
+        HttpError::Status { .. } => "http error querying IMDS",
+        HttpError::Invalid { .. } | HttpError::TooLarge { .. } => "error parsing IMDS metadata",
+    };
+    Failure::new(reason, e.to_string())
+}
+
+fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Failure> {
+    let (name, bytes) = match &opts.media {
+        MediaSource::File(f) => {
+            let b = std::fs::read(f).map_err(|e| {
+                Failure::new("error reading ovf-env.xml", format!("{}: {e}", f.display()))
+            })?;
+            (f.display().to_string(), b)
+        }
+        MediaSource::Devices(extra) => {
+            let drives = media::cdrom_devices(&opts.dev);
+            match media::read_ovf(&drives, extra, deadline) {
+                Ok(Some(found)) => found,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    return Err(Failure::new(
+                        "failure to read provisioning media",
+                        e.to_string(),
+                    ))
+                }
+            }
+        }
+    };
+    ovf::parse(&bytes)
+        .map(Some)
+        .map_err(|e| Failure::new(e.reason(), format!("{name}: {e}")))
+}
+
+/// Runs the whole provisioning into `opts.root` and reports to Azure. Logs one line per
+/// stage; the result is also the `--json` summary.
+pub fn provision(opts: &Options) -> Summary {
+    let t0 = Instant::now();
+    let capture = crate::log::Capture::install();
+    let root = Sysroot::new(&opts.root);
+    let mut s = Summary {
+        vm_id: vmid::read(&opts.sys),
+        hostname: None,
+        username: None,
+        ssh_keys: 0,
+        custom_data: false,
+        user_data: false,
+        report: Report::Failure,
+        reason: None,
+        timings_ms: Timings::default(),
+    };
+    if !opts.force {
+        if let Some(why) = already_provisioned(&root, &opts.sys) {
+            log::info!("already provisioned ({why}); nothing to do");
+            s.report = Report::Skipped;
+            s.vm_id = s.vm_id.or_else(|| root.read_marker());
+            s.timings_ms.total = ms(t0.elapsed());
+            return s;
+        }
+    }
+    let deadline = Deadline::after(opts.timeout);
+
+    // 1. provisioning media
+    let t = Instant::now();
+    let ovf = read_media(opts, deadline.min(opts.timeout / 5));
+    s.timings_ms.media = ms(t.elapsed());
+    match &ovf {
+        Ok(Some(o)) => log::info!(
+            "media: {} ms: ovf-env.xml for {} / {}",
+            s.timings_ms.media,
+            o.hostname,
+            o.username
+        ),
+        Ok(None) => log::info!(
+            "media: {} ms: no provisioning media; IMDS only",
+            s.timings_ms.media
+        ),
+        Err(f) => log::warn!("media: {} ms: {f}", s.timings_ms.media),
+    }
+    let ovf_hostname = ovf
+        .as_ref()
+        .ok()
+        .and_then(|o| o.as_ref())
+        .map(|o| o.hostname.clone());
+
+    // 2. network
+    let t = Instant::now();
+    let mut lease_ws = None;
+    let network: Result<Option<Applied>, Failure> = if opts.dhcp {
+        let dl = deadline.min(deadline.remaining() / 2);
+        crate::net::run::bring_up(
+            Path::new(&opts.sys).join("class/net").as_path(),
+            opts.iface.as_deref(),
+            ovf_hostname.as_deref(),
+            dl,
+        )
+        .map(|(nic, applied)| {
+            let l = applied.lease();
+            lease_ws = l.wireserver;
+            log::info!(
+                "dhcp: {} ms: {} {}/{} from {}, wireserver {}",
+                ms(t.elapsed()),
+                nic.name,
+                l.address,
+                l.prefix_len,
+                l.server_id,
+                l.wireserver
+                    .map_or("(none, using 168.63.129.16)".into(), |w| w.to_string())
+            );
+            Some(applied)
+        })
+        .map_err(|e| Failure::new(e.reason(), e.to_string()))
+    } else {
+        log::info!("dhcp: skipped (--no-dhcp)");
+        Ok(None)
+    };
+    s.timings_ms.dhcp = ms(t.elapsed());
+    let ws_addr = opts
+        .wireserver
+        .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)));
+    let client = Client::new();
+    let ws = WireServer {
+        client: &client,
+        addr: ws_addr,
+    };
+
+    let outcome: Result<ProvisioningData, Failure> = match &network {
+        Err(f) => {
+            log::error!("dhcp: {} ms: {f}", s.timings_ms.dhcp);
+            Err(f.clone())
+        }
+        Ok(_) => {
+            // 3. IMDS, in parallel with the first goal-state fetch
+            let t = Instant::now();
+            let imds_dl = deadline.min(deadline.remaining() * 2 / 3);
+            let (imds_res, gs) = std::thread::scope(|scope| {
+                let h = scope.spawn(|| imds::fetch(&client, &opts.imds, imds_dl));
+                let gs = ws.fetch_goal_state(imds_dl.min(Duration::from_secs(10)));
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(HttpError::Invalid {
+                        url: opts.imds.clone(),
+                        detail: "IMDS thread panicked".into(),
+                    })
+                });
+                (r, gs)
+            });
+            s.timings_ms.imds = ms(t.elapsed());
+            match &gs {
+                Ok(g) => log::info!(
+                    "wireserver {ws_addr}: goal state incarnation {}",
+                    g.incarnation
+                ),
+                Err(e) => log::warn!("wireserver {ws_addr}: first goal state fetch: {e}"),
+            }
+            let imds_res = imds_res.map_err(|e| imds_failure(&e));
+            match &imds_res {
+                Ok(m) => log::info!(
+                    "imds: {} ms: vmId {}, {} key(s)",
+                    s.timings_ms.imds,
+                    m.vm_id,
+                    m.ssh_keys.len()
+                ),
+                Err(f) => log::warn!("imds: {} ms: {f}", s.timings_ms.imds),
+            }
+            // 4. merge
+            merge(&ovf, &imds_res)
+        }
+    };
+
+    // 5. write
+    let t = Instant::now();
+    let written = outcome.and_then(|data| {
+        let vm_id = s
+            .vm_id
+            .clone()
+            .or_else(|| data.vm_id.clone())
+            .unwrap_or_else(|| "unknown".into());
+        s.vm_id = Some(vm_id.clone());
+        s.hostname = Some(data.hostname.0.to_string());
+        s.username = Some(data.username.0.to_string());
+        s.ssh_keys = data.keys.len();
+        s.custom_data = data.custom_data.is_some();
+        s.user_data = data.user_data.is_some();
+        log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
+        let r = sysroot::write_all(&root, &data, &vm_id);
+        s.timings_ms.write = ms(t.elapsed());
+        if r.is_ok() {
+            log::info!(
+                "write: {} ms: {} provisioned",
+                s.timings_ms.write,
+                opts.root.display()
+            );
+        }
+        r
+    });
+
+    // 6. report
+    let t = Instant::now();
+    let health = match &written {
+        Ok(()) => Health::Ready,
+        Err(f) => {
+            log::error!("provisioning failed: {f}");
+            s.reason = Some(f.reason.to_string());
+            Health::Failed {
+                description: wireserver::failure_description_with(
+                    f.reason,
+                    &f.extra,
+                    s.vm_id.as_deref().unwrap_or("unknown"),
+                    &crate::time::now_rfc3339(),
+                ),
+            }
+        }
+    };
+    let report_dl = if deadline.expired() {
+        Deadline::after(Duration::from_secs(5))
+    } else {
+        deadline
+    };
+    match ws.report(&health, report_dl) {
+        Ok(r) => {
+            s.report = if written.is_ok() {
+                Report::Ready
+            } else {
+                Report::Failure
+            };
+            log::info!(
+                "report: {} ms: {} to {ws_addr} (incarnation {}, {} POST(s))",
+                ms(t.elapsed()),
+                if written.is_ok() { "Ready" } else { "NotReady" },
+                r.incarnation,
+                r.posts
+            );
+        }
+        Err(e) => {
+            s.report = Report::Failure;
+            s.reason
+                .get_or_insert_with(|| "failed to report ready".into());
+            log::error!("report: {} ms: {e}", ms(t.elapsed()));
+        }
+    }
+    s.timings_ms.report = ms(t.elapsed());
+
+    // 7. teardown
+    if let Ok(Some(applied)) = network {
+        if opts.keep_network {
+            applied.keep();
+        } else if let Err(e) = applied.teardown() {
+            log::warn!("teardown: {e}");
+        }
+    }
+    s.timings_ms.total = ms(t0.elapsed());
+    log::info!("total: {} ms", s.timings_ms.total);
+    let saved = root
+        .mkdir("/var/log", 0o755, (0, 0))
+        .and_then(|_| root.write(sysroot::LOG_FILE, &capture.contents(), 0o640, (0, 0)));
+    if let Err(e) = saved {
+        log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
+    }
+    s
+}

@@ -1,5 +1,6 @@
 //! The only place with `unsafe`: thin, checked wrappers over Linux system calls.
 
+pub mod mount;
 pub mod netlink;
 pub mod packet;
 

@@ -343,3 +343,80 @@ pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
+
+impl Net {
+    /// The mock fabric (qemu-tests/fabric.py) on 168.63.129.16:80 and 169.254.169.254:80 in
+    /// the fabric namespace. `doc` is the IMDS document, `playbook` its fault list.
+    pub fn fabric(
+        &mut self,
+        doc: &serde_json::Value,
+        playbook: &serde_json::Value,
+        extra: &[&str],
+    ) {
+        let doc_path = self.path("imds.json");
+        let pb_path = self.path("playbook.json");
+        std::fs::write(&doc_path, serde_json::to_vec(doc).unwrap()).unwrap();
+        std::fs::write(&pb_path, serde_json::to_vec(playbook).unwrap()).unwrap();
+        let log = self.path("fabric.jsonl");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/qemu-tests/fabric.py");
+        let (d, p, l) = (
+            doc_path.display().to_string(),
+            pb_path.display().to_string(),
+            log.display().to_string(),
+        );
+        let mut args = vec![
+            "netns",
+            "exec",
+            &self.fabric,
+            "python3",
+            script,
+            "--wireserver",
+            "168.63.129.16:80",
+            "--imds",
+            "169.254.169.254:80",
+            "--log",
+            &l,
+            "--imds-doc",
+            &d,
+            "--playbook",
+            &p,
+        ];
+        args.extend(extra);
+        let mut child = Command::new("ip")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut buf = [0u8; 13];
+        std::io::Read::read_exact(&mut out, &mut buf).unwrap();
+        assert_eq!(&buf, b"fabric ready\n");
+        self.children.push(child);
+    }
+
+    /// Every request the fabric received, in order.
+    pub fn fabric_log(&self) -> Vec<serde_json::Value> {
+        read(&self.path("fabric.jsonl"))
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// A Debian-like root (tests/fixtures/root) under this test's directory.
+    pub fn seed_root(&self) -> PathBuf {
+        let root = self.path("root");
+        sh(&[
+            "cp",
+            "-a",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/root"),
+            root.to_str().unwrap(),
+        ]);
+        for f in ["etc/shadow", "etc/gshadow"] {
+            let p = root.join(f);
+            sh(&["chown", "root:42", p.to_str().unwrap()]);
+            sh(&["chmod", "0640", p.to_str().unwrap()]);
+        }
+        root
+    }
+}

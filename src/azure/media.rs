@@ -1,0 +1,223 @@
+//! The provisioning CD (reference/azure-protocol.md §3.4): find CD-ROM drives, mount the disc
+//! read-only (udf, then iso9660) with mount(2), read ovf-env.xml, and always unmount.
+
+use crate::deadline::Deadline;
+use crate::sys::mount::{self, DriveStatus};
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const MOUNT_POINT: &str = "/run/azprov/media";
+const FS_TYPES: [&str; 2] = ["udf", "iso9660"];
+const OVF_MAX: u64 = 1 << 20;
+
+#[derive(Debug)]
+pub enum MediaError {
+    /// Every drive with a disc failed to mount (e.g. no udf in a hardened kernel).
+    Mount {
+        device: String,
+        detail: String,
+    },
+    Read {
+        device: String,
+        detail: String,
+    },
+    MountPoint(String),
+}
+
+impl std::fmt::Display for MediaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MediaError::Mount { device, detail } => write!(f, "cannot mount {device}: {detail}"),
+            MediaError::Read { device, detail } => {
+                write!(f, "cannot read ovf-env.xml on {device}: {detail}")
+            }
+            MediaError::MountPoint(d) => write!(f, "mount point {MOUNT_POINT}: {d}"),
+        }
+    }
+}
+
+impl std::error::Error for MediaError {}
+
+/// The CD-ROM device nodes under `dev` (`sr0`, `sr1`, …), sorted.
+pub fn cdrom_devices(dev: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dev)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.strip_prefix("sr")
+                            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A mounted disc, unmounted on drop.
+struct Mounted {
+    at: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = mount::umount(&self.at, 0) {
+            log::warn!("unmount {}: {e}; detaching", self.at.display());
+            let _ = mount::umount(&self.at, libc::MNT_DETACH);
+        }
+    }
+}
+
+fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), String> {
+    let mut errors = Vec::new();
+    for fstype in FS_TYPES {
+        match mount::mount(
+            device,
+            at,
+            fstype,
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        ) {
+            Ok(()) => {
+                return Ok((
+                    Mounted {
+                        at: at.to_path_buf(),
+                    },
+                    fstype,
+                ))
+            }
+            Err(e) => errors.push(format!("{fstype}: {e}")),
+        }
+    }
+    Err(errors.join(", "))
+}
+
+/// Reads ovf-env.xml from the first drive that has it. `drives` are checked with the CD-ROM
+/// ioctl and retried while they report no disc yet (bounded by `deadline`); `extra` devices
+/// (`--media`) are mounted as given. Ok(None): no media at all, normal on later boots.
+pub fn read_ovf(
+    drives: &[PathBuf],
+    extra: &[PathBuf],
+    deadline: Deadline,
+) -> Result<Option<(String, Vec<u8>)>, MediaError> {
+    if drives.is_empty() && extra.is_empty() {
+        return Ok(None);
+    }
+    let at = Path::new(MOUNT_POINT);
+    fs::create_dir_all(at).map_err(|e| MediaError::MountPoint(e.to_string()))?;
+    let _ = fs::set_permissions(at, std::os::unix::fs::PermissionsExt::from_mode(0o700));
+    let mut last_err = None;
+    let candidates = drives
+        .iter()
+        .map(|d| (d, true))
+        .chain(extra.iter().map(|d| (d, false)));
+    for (device, is_drive) in candidates {
+        let name = device.display().to_string();
+        if is_drive && !disc_ready(device, deadline) {
+            continue;
+        }
+        let (guard, fstype) = match mount_any(device, at) {
+            Ok(m) => m,
+            Err(detail) => {
+                log::warn!("{name}: {detail}");
+                last_err = Some(MediaError::Mount {
+                    device: name,
+                    detail,
+                });
+                continue;
+            }
+        };
+        let read = fs::File::open(at.join("ovf-env.xml")).and_then(|f| {
+            let mut buf = Vec::new();
+            f.take(OVF_MAX).read_to_end(&mut buf).map(|_| buf)
+        });
+        drop(guard);
+        match read {
+            Ok(bytes) => {
+                log::info!("ovf-env.xml read from {name} ({fstype})");
+                return Ok(Some((name, bytes)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::info!("{name} ({fstype}) has no ovf-env.xml");
+            }
+            Err(e) => {
+                last_err = Some(MediaError::Read {
+                    device: name,
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+    last_err.map_or(Ok(None), Err)
+}
+
+/// True once the drive reports a disc; retries "no disc"/"not ready" a few times, since the
+/// medium can show up a moment after the drive (WALA: 5 attempts, 5 s apart).
+fn disc_ready(device: &Path, deadline: Deadline) -> bool {
+    let limit = deadline.min(Duration::from_secs(10));
+    loop {
+        match mount::drive_status(device) {
+            Ok(DriveStatus::DiscOk) => return true,
+            Ok(
+                s @ (DriveStatus::NoDisc
+                | DriveStatus::NotReady
+                | DriveStatus::TrayOpen
+                | DriveStatus::NoInfo),
+            ) => {
+                if !limit.sleep(Duration::from_millis(500)) {
+                    log::info!("{}: {s:?}", device.display());
+                    return false;
+                }
+            }
+            Ok(other) => {
+                log::info!("{}: drive status {other:?}", device.display());
+                return false;
+            }
+            Err(e) => {
+                log::info!("{}: not a CD-ROM drive ({e})", device.display());
+                return false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_sr_devices_only() {
+        let dir = std::env::temp_dir().join(format!("azprov-media-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        for n in ["sr1", "sr0", "sda", "srx", "sr", "sr10"] {
+            fs::write(dir.join(n), b"").unwrap();
+        }
+        let names: Vec<String> = cdrom_devices(&dir)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["sr0", "sr1", "sr10"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_media_is_normal() {
+        assert!(matches!(
+            read_ovf(&[], &[], Deadline::after(Duration::from_secs(1))),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn an_ordinary_file_is_not_a_cdrom() {
+        let f = std::env::temp_dir().join(format!("azprov-notcd-{}", std::process::id()));
+        fs::write(&f, b"").unwrap();
+        assert!(mount::drive_status(&f).is_err());
+        fs::remove_file(&f).unwrap();
+    }
+}

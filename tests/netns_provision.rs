@@ -1,0 +1,495 @@
+//! `azprov provision --root` end to end in network namespaces: dnsmasq hands out options 121
+//! and 245, the mock fabric listens on the real Azure addresses in the fabric namespace, and
+//! azprov runs in the VM namespace against a Debian-like temporary root.
+
+mod common;
+
+use common::netns::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Output;
+
+const OVF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ovf/wala.xml");
+const KEY_A: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
+const KEY_B: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7bob== bob@desk";
+const VM_ID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+fn doc(computer: &str, user: &str) -> Value {
+    json!({
+        "compute": {
+            "location": "westeurope", "name": "vm-name-not-used", "vmSize": "Standard_B1s",
+            "osProfile": {"adminUsername": user, "computerName": computer, "disablePasswordAuthentication": "true"},
+            "publicKeys": [
+                {"keyData": format!("{KEY_A}\r\n"), "path": format!("/home/{user}/.ssh/authorized_keys")},
+                {"keyData": KEY_B, "path": format!("/home/{user}/.ssh/authorized_keys")}
+            ],
+            "userData": "IyEvYmluL3NoCmVjaG8gdXNlci1kYXRhCg==",
+            "customData": "",
+            "vmId": VM_ID
+        },
+        "network": {"interface": []},
+        "extended": {"compute": {"hasCustomData": true, "ppsType": "None"}}
+    })
+}
+
+/// A fabric namespace with dnsmasq and the mock fabric, and a seeded root.
+fn setup(doc: Value, playbook: Value, fabric_args: &[&str]) -> (Net, std::path::PathBuf) {
+    let mut net = Net::new();
+    net.dnsmasq(&[]);
+    net.fabric(&doc, &playbook, fabric_args);
+    let root = net.seed_root();
+    (net, root)
+}
+
+fn provision(net: &Net, root: &Path, extra: &[&str]) -> (Output, Value) {
+    let r = root.to_str().unwrap();
+    let mut args = vec!["provision", "--root", r, "--iface", "vm0", "--json"];
+    if !extra.contains(&"--timeout") {
+        args.extend(["--timeout", "20"]);
+    }
+    args.extend(extra);
+    let o = net.azprov(&args);
+    let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o, v)
+}
+
+fn text(p: impl AsRef<Path>) -> String {
+    fs::read_to_string(p.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", p.as_ref().display()))
+}
+
+fn mode_owner(p: impl AsRef<Path>) -> (u32, u32, u32) {
+    let m = fs::symlink_metadata(p).unwrap();
+    (m.mode() & 0o7777, m.uid(), m.gid())
+}
+
+fn health_posts(net: &Net) -> Vec<Value> {
+    net.fabric_log()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "health")
+        .collect()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
+    if !privileged() {
+        return;
+    }
+    let (net, root) = setup(doc("vm-prov-1", "azureuser"), json!([]), &[]);
+    let (o, v) = provision(&net, &root, &["--ovf", OVF]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // the summary
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "custom_data",
+            "hostname",
+            "reason",
+            "report",
+            "ssh_keys",
+            "timings_ms",
+            "user_data",
+            "username",
+            "vm_id"
+        ]
+    );
+    assert_eq!(v["report"], "ready");
+    assert_eq!(v["reason"], Value::Null);
+    assert_eq!(v["hostname"], "vm-prov-1");
+    assert_eq!(v["username"], "azureuser");
+    assert_eq!(v["ssh_keys"], 3);
+    assert_eq!(
+        (v["custom_data"].clone(), v["user_data"].clone()),
+        (json!(true), json!(true))
+    );
+    assert_eq!(v["vm_id"], VM_ID);
+    let t = v["timings_ms"].as_object().unwrap();
+    let mut tk: Vec<&str> = t.keys().map(String::as_str).collect();
+    tk.sort();
+    assert_eq!(tk, ["dhcp", "imds", "media", "report", "total", "write"]);
+
+    // hostname from IMDS, /etc/hosts
+    assert_eq!(text(root.join("etc/hostname")), "vm-prov-1\n");
+    assert_eq!(mode_owner(root.join("etc/hostname")), (0o644, 0, 0));
+    assert!(text(root.join("etc/hosts")).contains("127.0.1.1\tvm-prov-1\n"));
+    // the account
+    assert!(text(root.join("etc/passwd"))
+        .contains("azureuser:x:1000:1000::/home/azureuser:/bin/bash\n"));
+    assert!(text(root.join("etc/group")).contains("azureuser:x:1000:\n"));
+    assert!(text(root.join("etc/gshadow")).contains("azureuser:!::\n"));
+    let shadow = text(root.join("etc/shadow"));
+    let line = shadow
+        .lines()
+        .find(|l| l.starts_with("azureuser:"))
+        .unwrap();
+    assert!(line.split(':').nth(1).unwrap().starts_with("$6$"), "{line}");
+    assert_eq!(mode_owner(root.join("etc/shadow")), (0o640, 0, 42));
+    assert_eq!(mode_owner(root.join("home/azureuser")), (0o750, 1000, 1000));
+    assert!(root.join("home/azureuser/.bashrc").exists());
+    // keys: IMDS's two (CR/LF stripped) and the OVF one
+    let ak = root.join("home/azureuser/.ssh/authorized_keys");
+    assert_eq!(
+        text(&ak),
+        format!("{KEY_A}\n{KEY_B}\nssh-rsa AAAANOTAREALKEY== foo@bar.local\n")
+    );
+    assert_eq!(mode_owner(&ak), (0o600, 1000, 1000));
+    assert_eq!(
+        mode_owner(root.join("home/azureuser/.ssh")),
+        (0o700, 1000, 1000)
+    );
+    // sudo: a password is set, so no NOPASSWD
+    let sudo = root.join("etc/sudoers.d/90-azprov");
+    assert_eq!(
+        text(&sudo),
+        "# written by azprov\nazureuser ALL=(ALL) ALL\n"
+    );
+    assert_eq!(mode_owner(&sudo), (0o440, 0, 0));
+    // IMDS disablePasswordAuthentication wins over OVF's false
+    assert!(text(root.join("etc/ssh/sshd_config.d/50-azprov.conf"))
+        .contains("PasswordAuthentication no\n"));
+    // state
+    assert_eq!(
+        text(root.join("var/lib/azprov/customdata")),
+        "#cloud-config\nruncmd: [echo, hi]\n"
+    );
+    assert_eq!(
+        text(root.join("var/lib/azprov/userdata")),
+        "#!/bin/sh\necho user-data\n"
+    );
+    let imds: Value = serde_json::from_str(&text(root.join("var/lib/azprov/imds.json"))).unwrap();
+    assert_eq!(imds["compute"]["vmId"], VM_ID);
+    for f in ["customdata", "userdata", "imds.json", "provisioned"] {
+        assert_eq!(
+            mode_owner(root.join("var/lib/azprov").join(f)),
+            (0o600, 0, 0),
+            "{f}"
+        );
+    }
+    assert_eq!(mode_owner(root.join("var/lib/azprov")).0, 0o700);
+    assert_eq!(
+        text(root.join("var/lib/azprov/provisioned")),
+        format!("{VM_ID}\n")
+    );
+    // the log: one line per stage, no secrets
+    let log = text(root.join("var/log/azprov.log"));
+    assert_eq!(mode_owner(root.join("var/log/azprov.log")), (0o640, 0, 0));
+    for stage in ["media: ", "dhcp: ", "imds: ", "write: ", "report: "] {
+        assert!(log.contains(stage), "{stage} missing in\n{log}");
+    }
+    let all = format!("{log}{}{}", stderr(&o), String::from_utf8_lossy(&o.stdout));
+    for secret in [
+        "S3cr3t",
+        "cloud-config",
+        "runcmd",
+        "user-data",
+        "IyEv",
+        "I2Nsb3Vk",
+    ] {
+        assert!(!all.contains(secret), "{secret} leaked");
+    }
+
+    // what the fabric received
+    let fl = net.fabric_log();
+    let imds_reqs: Vec<&Value> = fl.iter().filter(|e| e["server"] == "imds").collect();
+    assert_eq!(imds_reqs.len(), 1);
+    assert_eq!(
+        imds_reqs[0]["path"],
+        "/metadata/instance?api-version=2023-11-15&extended=true"
+    );
+    assert_eq!(imds_reqs[0]["headers"]["metadata"], "true");
+    assert!(imds_reqs[0]["headers"].get("x-forwarded-for").is_none());
+    let posts = health_posts(&net);
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0]["state"], "Ready");
+    assert_eq!(posts[0]["status"], 200);
+    assert_eq!(posts[0]["incarnation"], "1");
+    assert_eq!(posts[0]["headers"]["x-ms-version"], "2012-11-30");
+    assert_eq!(posts[0]["headers"]["x-ms-agent-name"], "azprov");
+    assert_eq!(
+        posts[0]["headers"]["content-type"],
+        "text/xml;charset=utf-8"
+    );
+    // the goal state right before the POST was fetched fresh
+    let idx = fl.iter().position(|e| e["endpoint"] == "health").unwrap();
+    assert_eq!(fl[idx - 1]["endpoint"], "goalstate");
+    // DHCP sent the OVF HostName as option 12
+    wait_for(
+        || read(&net.path("dnsmasq.log")).contains("client provides name: vm-wala"),
+        "option 12 in dnsmasq's log",
+    );
+    // and the network is torn down again
+    assert!(net.vm_addrs().is_empty());
+}
+
+#[test]
+fn imds_only_without_media() {
+    if !privileged() {
+        return;
+    }
+    let (net, root) = setup(doc("vm-imds-only", "imdsuser"), json!([]), &[]);
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert_eq!(v["custom_data"], false);
+    assert_eq!(v["ssh_keys"], 2);
+    assert!(stderr(&o).contains("no provisioning media"));
+    let shadow = text(root.join("etc/shadow"));
+    assert!(
+        shadow.contains("\nimdsuser:!:"),
+        "locked without a password: {shadow}"
+    );
+    assert!(text(root.join("etc/sudoers.d/90-azprov")).contains("imdsuser ALL=(ALL) NOPASSWD:ALL"));
+    assert!(!root.join("var/lib/azprov/customdata").exists());
+    assert_eq!(health_posts(&net)[0]["state"], "Ready");
+}
+
+#[test]
+fn imds_429_three_times_then_200() {
+    if !privileged() {
+        return;
+    }
+    let pb = json!([{"endpoint": "imds", "requests": [1, 2, 3], "status": 429}]);
+    let (net, root) = setup(doc("vm-429", "azureuser"), pb, &[]);
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    let statuses: Vec<Value> = net
+        .fabric_log()
+        .iter()
+        .filter(|e| e["server"] == "imds")
+        .map(|e| e["status"].clone())
+        .collect();
+    assert_eq!(statuses, [json!(429), json!(429), json!(429), json!(200)]);
+}
+
+#[test]
+fn imds_down_for_good_provisions_from_ovf_and_reports_ready() {
+    if !privileged() {
+        return;
+    }
+    let pb = json!([{"endpoint": "imds", "requests": "*", "status": 503}]);
+    let (net, root) = setup(doc("unused", "unused"), pb, &[]);
+    let (o, v) = provision(&net, &root, &["--ovf", OVF, "--timeout", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert_eq!(v["hostname"], "vm-wala");
+    assert_eq!(v["username"], "azureuser");
+    assert_eq!(v["user_data"], false);
+    assert!(
+        stderr(&o).contains("http error querying IMDS"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(text(root.join("etc/hostname")), "vm-wala\n");
+    // OVF's DisableSshPasswordAuthentication=false
+    assert!(text(root.join("etc/ssh/sshd_config.d/50-azprov.conf"))
+        .contains("PasswordAuthentication yes"));
+    assert!(
+        net.fabric_log()
+            .iter()
+            .filter(|e| e["server"] == "imds")
+            .count()
+            > 1
+    );
+    assert_eq!(health_posts(&net).last().unwrap()["state"], "Ready");
+}
+
+#[test]
+fn nothing_usable_reports_not_ready_with_both_causes() {
+    if !privileged() {
+        return;
+    }
+    let pb = json!([{"endpoint": "imds", "requests": "*", "status": 503}]);
+    let (net, root) = setup(doc("unused", "unused"), pb, &[]);
+    let (o, v) = provision(&net, &root, &["--timeout", "6"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(v["report"], "failure");
+    assert_eq!(v["reason"], "failed to obtain provisioning data");
+    let posts = health_posts(&net);
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0]["state"], "NotReady");
+    assert_eq!(posts[0]["substatus"], "ProvisioningFailed");
+    let d = posts[0]["description"].as_str().unwrap();
+    assert!(
+        d.starts_with("result=error|reason=failed to obtain provisioning data|agent=azprov/"),
+        "{d}"
+    );
+    assert!(d.contains("|ovf=no provisioning media|"), "{d}");
+    assert!(d.contains("|imds=http error querying IMDS"), "{d}");
+    assert!(d.contains("|vm_id=") && d.contains("|timestamp="), "{d}");
+    assert!(d.chars().count() <= 512);
+    assert!(!root.join("var/lib/azprov/provisioned").exists());
+    assert_eq!(text(root.join("etc/hostname")), "debian-image\n");
+}
+
+#[test]
+fn a_stale_incarnation_gets_410_and_is_posted_again_fresh() {
+    if !privileged() {
+        return;
+    }
+    // the incarnation moves on right after the goal state fetched for the POST
+    let (net, root) = setup(
+        doc("vm-410", "azureuser"),
+        json!([]),
+        &["--bump-after-goalstate", "2"],
+    );
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    let posts = health_posts(&net);
+    let seen: Vec<(Value, Value)> = posts
+        .iter()
+        .map(|p| (p["incarnation"].clone(), p["status"].clone()))
+        .collect();
+    assert_eq!(seen, [(json!("1"), json!(410)), (json!("2"), json!(200))]);
+}
+
+#[test]
+fn a_symlinked_ssh_dir_is_refused() {
+    if !privileged() {
+        return;
+    }
+    let (net, root) = setup(doc("vm-link", "azureuser"), json!([]), &[]);
+    fs::write(
+        root.join("etc/passwd"),
+        format!(
+            "{}azureuser:x:1000:1000::/home/azureuser:/bin/bash\n",
+            text(root.join("etc/passwd"))
+        ),
+    )
+    .unwrap();
+    fs::create_dir_all(root.join("home/azureuser")).unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("home/azureuser/.ssh")).unwrap();
+    let etc_before = listing(&root.join("etc"));
+    let host_etc_before = listing(Path::new("/etc"));
+    let (o, v) = provision(&net, &root, &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(v["report"], "failure");
+    assert_eq!(v["reason"], "failed to write authorized_keys");
+    let posts = health_posts(&net);
+    assert_eq!(posts[0]["state"], "NotReady");
+    assert!(posts[0]["description"]
+        .as_str()
+        .unwrap()
+        .contains("reason=failed to write authorized_keys|"));
+    assert!(!root.join("etc/authorized_keys").exists());
+    assert!(!Path::new("/etc/authorized_keys").exists());
+    assert_eq!(listing(&root.join("etc")), etc_before);
+    assert_eq!(listing(Path::new("/etc")), host_etc_before);
+    assert!(!root.join("var/lib/azprov/provisioned").exists());
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_read_only_root_reports_not_ready() {
+    if !privileged() {
+        return;
+    }
+    let (net, root) = setup(doc("vm-ro", "azureuser"), json!([]), &[]);
+    let r = root.to_str().unwrap();
+    // bind-mount read-only inside the VM namespace's own mount namespace
+    let script = format!("mount --bind {r} {r} && mount -o remount,bind,ro {r} && exec {} provision --root {r} --iface vm0 --json --timeout 20", env!("CARGO_BIN_EXE_azprov"));
+    let o = net.in_vm(&[
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["report"], "failure");
+    assert_eq!(v["reason"], "failed to write hostname");
+    assert!(
+        stderr(&o).contains("Read-only file system"),
+        "{}",
+        stderr(&o)
+    );
+    let posts = health_posts(&net);
+    assert_eq!(posts[0]["state"], "NotReady");
+    assert_eq!(text(root.join("etc/hostname")), "debian-image\n");
+}
+
+#[test]
+fn a_second_run_with_the_marker_makes_no_network_request() {
+    if !privileged() {
+        return;
+    }
+    let (net, root) = setup(doc("vm-twice", "azureuser"), json!([]), &[]);
+    let (o, _) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fabric_before = net.fabric_log().len();
+    let dhcp_before = read(&net.path("dnsmasq.log"))
+        .matches("DHCPDISCOVER")
+        .count();
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "skipped");
+    assert!(stderr(&o).contains("already provisioned"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(net.fabric_log().len(), fabric_before);
+    assert_eq!(
+        read(&net.path("dnsmasq.log"))
+            .matches("DHCPDISCOVER")
+            .count(),
+        dhcp_before
+    );
+    assert!(!net.vm_link()["flags"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("UP")));
+    // --force provisions again
+    let (o, v) = provision(&net, &root, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+}
+
+#[test]
+fn bad_hostname_and_system_usernames_are_refused_with_a_reason() {
+    if !privileged() {
+        return;
+    }
+    for (host, user, reason) in [
+        ("bad_host!", "azureuser", "invalid hostname"),
+        ("vm-ok", "root", "invalid username"),
+        ("vm-ok", "daemon", "invalid username"),
+    ] {
+        let (net, root) = setup(doc(host, user), json!([]), &[]);
+        let (o, v) = provision(&net, &root, &[]);
+        assert_eq!(o.status.code(), Some(1), "{host} {user}");
+        assert_eq!(v["reason"], reason, "{host} {user}");
+        let posts = health_posts(&net);
+        assert_eq!(posts[0]["state"], "NotReady");
+        assert!(posts[0]["description"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("reason={reason}|")));
+        assert!(!root.join("var/lib/azprov/provisioned").exists());
+        assert!(!text(root.join("etc/passwd")).contains(":1000:"));
+    }
+}
