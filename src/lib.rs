@@ -14,7 +14,9 @@
 )]
 
 pub mod azure;
+pub mod boot;
 pub mod cli;
+pub mod config;
 pub mod deadline;
 pub mod log;
 pub mod net;

@@ -1,18 +1,30 @@
-//! The `log` facade's sink. Tool and hook mode write `azprov: LEVEL message` lines to stderr;
-//! more sinks (kmsg, a file in the root) are added as the boot flow gains them.
+//! The `log` facade's sink. Tool and hook mode write `azprov: LEVEL: message` lines to stderr.
+//! As PID 1 the lines go to /dev/console until /dev/kmsg exists, then to kmsg with the
+//! `azprov:` tag, so they land in the real system's journal. Extra sinks (the in-memory
+//! capture for /var/log/azprov.log) get every line too.
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::io::Write;
 use std::sync::Mutex;
 
+/// Where lines go first.
+pub enum Output {
+    Stderr,
+    /// /dev/console: plain lines.
+    Console(std::fs::File),
+    /// /dev/kmsg: one `<priority>azprov: message` record per write.
+    Kmsg(std::fs::File),
+}
+
 struct Logger {
-    level: LevelFilter,
+    level: Mutex<LevelFilter>,
+    out: Mutex<Output>,
     extra: Mutex<Vec<Box<dyn Write + Send>>>,
 }
 
 impl Log for Logger {
     fn enabled(&self, m: &Metadata) -> bool {
-        m.level() <= self.level
+        self.level.lock().map(|l| m.level() <= *l).unwrap_or(true)
     }
 
     fn log(&self, r: &Record) {
@@ -27,7 +39,28 @@ impl Log for Logger {
             Level::Trace => "trace",
         };
         let line = format!("azprov: {level}: {}\n", r.args());
-        let _ = std::io::stderr().write_all(line.as_bytes());
+        if let Ok(mut out) = self.out.lock() {
+            match &mut *out {
+                Output::Stderr => {
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                }
+                Output::Console(f) => {
+                    let _ = f.write_all(line.as_bytes());
+                }
+                Output::Kmsg(f) => {
+                    // syslog priorities: err 3, warning 4, notice 5 (info lines stay visible
+                    // on a `loglevel=6` console), debug 7
+                    let pri = match r.level() {
+                        Level::Error => 3,
+                        Level::Warn => 4,
+                        Level::Info => 5,
+                        Level::Debug | Level::Trace => 7,
+                    };
+                    let rec = format!("<{pri}>azprov: {}\n", r.args());
+                    let _ = f.write_all(rec.as_bytes());
+                }
+            }
+        }
         if let Ok(mut sinks) = self.extra.lock() {
             for s in sinks.iter_mut() {
                 let _ = s.write_all(line.as_bytes());
@@ -46,14 +79,26 @@ impl Log for Logger {
 
 static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
 
-/// Installs the logger once; later calls only change nothing.
+/// Installs the logger once; a later call changes the level.
 pub fn init(level: LevelFilter) {
     let logger = LOGGER.get_or_init(|| Logger {
-        level,
+        level: Mutex::new(level),
+        out: Mutex::new(Output::Stderr),
         extra: Mutex::new(Vec::new()),
     });
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
+    let _ = log::set_logger(logger);
+    if let Ok(mut l) = logger.level.lock() {
+        *l = level;
+    }
+    log::set_max_level(level);
+}
+
+/// Sends lines to `out` from now on (PID 1: the console, then kmsg).
+pub fn set_output(out: Output) {
+    if let Some(l) = LOGGER.get() {
+        if let Ok(mut o) = l.out.lock() {
+            *o = out;
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! `azprov`: thin. Installs the logger, runs the subcommand, maps errors to exit codes, and
-//! never lets a panic escape as a backtrace.
+//! `azprov`: thin. As PID 1 it runs the boot flow (`boot::main`, which never returns);
+//! otherwise it runs a subcommand and maps its error to an exit code. A panic never escapes
+//! as a backtrace, and PID 1 never exits.
 
 use std::process::ExitCode;
 
@@ -7,8 +8,14 @@ fn main() -> ExitCode {
     azprov::log::init(log::LevelFilter::Info);
     // A panic is a bug; report it as one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("azprov: internal error: {info}");
+        log::error!("internal error: {info}");
     }));
+    if azprov::sys::init::getpid() == 1 {
+        // boot::main handles panics during provisioning itself; anything else ends here.
+        let r = std::panic::catch_unwind(|| azprov::boot::main());
+        let _ = r;
+        azprov::boot::fail_forever("internal error in the boot flow", azprov::config::OnFail::Halt);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match std::panic::catch_unwind(|| azprov::cli::run(&args)) {
         Ok(Ok(())) => ExitCode::SUCCESS,

@@ -141,6 +141,27 @@ impl Sysroot {
         Ok(out)
     }
 
+    /// Like `resolve`, and follows the last component too (for an executable such as init).
+    pub fn resolve_full(&self, path: &str) -> Result<PathBuf, WriteError> {
+        let mut p = path.to_string();
+        for _ in 0..40 {
+            let host = self.resolve(&p)?;
+            match fs::read_link(&host) {
+                Ok(target) => {
+                    let t = target.to_string_lossy().into_owned();
+                    p = if target.is_absolute() {
+                        t
+                    } else {
+                        let parent = Path::new(&p).parent().unwrap_or(Path::new("/"));
+                        parent.join(t).to_string_lossy().into_owned()
+                    };
+                }
+                Err(_) => return Ok(host),
+            }
+        }
+        Err(WriteError::Escape(path.to_string()))
+    }
+
     pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>, WriteError> {
         let p = self.resolve(path)?;
         match fs::read(&p) {

@@ -1,5 +1,7 @@
 //! The only place with `unsafe`: thin, checked wrappers over Linux system calls.
 
+pub mod block;
+pub mod init;
 pub mod mount;
 pub mod netlink;
 pub mod packet;

@@ -1,0 +1,297 @@
+//! The kernel command line (and `/etc/azprov/cmdline` defaults in the initramfs) parsed into a
+//! typed [`Config`] for PID 1 mode. Unknown parameters belong to the kernel or the real init
+//! and are ignored; a malformed `azprov.*` value is an error naming the parameter.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootSpec {
+    Dev(String),
+    Uuid(String),
+    PartUuid(String),
+    Label(String),
+    PartLabel(String),
+}
+
+impl std::fmt::Display for RootSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RootSpec::Dev(d) => write!(f, "{d}"),
+            RootSpec::Uuid(u) => write!(f, "UUID={u}"),
+            RootSpec::PartUuid(u) => write!(f, "PARTUUID={u}"),
+            RootSpec::Label(l) => write!(f, "LABEL={l}"),
+            RootSpec::PartLabel(l) => write!(f, "PARTLABEL={l}"),
+        }
+    }
+}
+
+impl RootSpec {
+    pub fn parse(v: &str) -> Result<RootSpec, String> {
+        let (kind, val) = match v.split_once('=') {
+            Some((k, val)) => (k, val),
+            None if v.starts_with('/') => return Ok(RootSpec::Dev(v.to_string())),
+            None => return Err(format!("root={v}: expected /dev/NAME, UUID=, PARTUUID=, LABEL= or PARTLABEL=")),
+        };
+        if val.is_empty() {
+            return Err(format!("root={v}: empty {kind}"));
+        }
+        Ok(match kind {
+            "UUID" => RootSpec::Uuid(val.to_ascii_lowercase()),
+            "PARTUUID" => RootSpec::PartUuid(val.to_ascii_lowercase()),
+            "LABEL" => RootSpec::Label(val.to_string()),
+            "PARTLABEL" => RootSpec::PartLabel(val.to_string()),
+            _ => return Err(format!("root={v}: unknown kind {kind}")),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFail {
+    Halt,
+    Reboot,
+    Poweroff,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub root: Option<RootSpec>,
+    pub rootfstype: Option<String>,
+    pub rootflags: Option<String>,
+    /// `ro` on the command line: the root is remounted read-only before handover.
+    pub read_only: bool,
+    pub init: Option<String>,
+    pub rootwait: bool,
+    pub rootdelay: Option<Duration>,
+    pub iface: Option<String>,
+    pub timeout: Duration,
+    pub wireserver: Option<SocketAddr>,
+    pub imds: String,
+    pub force: bool,
+    pub disable: bool,
+    pub keepnet: bool,
+    pub log_level: log::LevelFilter,
+    pub onfail: OnFail,
+    pub modules: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            root: None,
+            rootfstype: None,
+            rootflags: None,
+            read_only: false,
+            init: None,
+            rootwait: false,
+            rootdelay: None,
+            iface: None,
+            timeout: Duration::from_secs(300),
+            wireserver: None,
+            imds: crate::azure::imds::DEFAULT_BASE.to_string(),
+            force: false,
+            disable: false,
+            keepnet: false,
+            log_level: log::LevelFilter::Info,
+            onfail: OnFail::Halt,
+            modules: Vec::new(),
+        }
+    }
+}
+
+/// Splits a command line into words; double quotes group (`a="b c"`), as the kernel does.
+pub fn split(cmdline: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for c in cmdline.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if any {
+                    out.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        out.push(cur);
+    }
+    out
+}
+
+impl Config {
+    /// Applies the words of one command line on top of `self` (later words win, so the
+    /// defaults file goes first and /proc/cmdline second). A bad word is reported and skipped:
+    /// a typo in one parameter must not make the VM unbootable.
+    pub fn apply(&mut self, cmdline: &str) -> Vec<String> {
+        let mut errors = Vec::new();
+        for word in split(cmdline) {
+            if word == "--" {
+                break; // the rest belongs to init
+            }
+            if let Err(e) = self.apply_word(&word) {
+                errors.push(e);
+            }
+        }
+        errors
+    }
+
+    fn apply_word(&mut self, word: &str) -> Result<(), String> {
+        {
+            let (key, value) = match word.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (word, None),
+            };
+            let need = |v: Option<&str>| v.map(str::to_string).ok_or_else(|| format!("{key} needs a value"));
+            match key {
+                "root" => self.root = Some(RootSpec::parse(&need(value)?)?),
+                "rootfstype" => self.rootfstype = Some(need(value)?),
+                "rootflags" => self.rootflags = Some(need(value)?),
+                "ro" if value.is_none() => self.read_only = true,
+                "rw" if value.is_none() => self.read_only = false,
+                "init" => self.init = Some(need(value)?),
+                "rootwait" if value.is_none() => self.rootwait = true,
+                "rootdelay" => {
+                    let v = need(value)?;
+                    self.rootdelay = Some(Duration::from_secs(v.parse().map_err(|_| format!("rootdelay={v}: not a number"))?));
+                }
+                "azprov.iface" => self.iface = Some(need(value)?),
+                "azprov.timeout" => {
+                    let v = need(value)?;
+                    self.timeout = crate::cli::parse_secs(&v).ok_or_else(|| format!("azprov.timeout={v}: not seconds"))?;
+                }
+                "azprov.wireserver" => {
+                    self.wireserver = Some(crate::azure::wireserver::parse_endpoint(&need(value)?)?);
+                }
+                "azprov.imds" => {
+                    let v = need(value)?;
+                    if !v.starts_with("http://") {
+                        return Err(format!("azprov.imds={v}: expected an http:// URL"));
+                    }
+                    self.imds = v;
+                }
+                "azprov.force" => self.force = flag(key, value)?,
+                "azprov.disable" => self.disable = flag(key, value)?,
+                "azprov.keepnet" => self.keepnet = flag(key, value)?,
+                "azprov.log" => {
+                    let v = need(value)?;
+                    self.log_level = crate::log::parse_level(&v).ok_or_else(|| format!("azprov.log={v}: expected debug, info or warn"))?;
+                }
+                "azprov.onfail" => {
+                    self.onfail = match need(value)?.as_str() {
+                        "halt" => OnFail::Halt,
+                        "reboot" => OnFail::Reboot,
+                        "poweroff" => OnFail::Poweroff,
+                        v => return Err(format!("azprov.onfail={v}: expected halt, reboot or poweroff")),
+                    }
+                }
+                "azprov.modules" => {
+                    self.modules.extend(need(value)?.split(',').filter(|m| !m.is_empty()).map(str::to_string));
+                }
+                k if k.starts_with("azprov.") => return Err(format!("unknown parameter {k}")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `azprov.force` alone, or `=1/0/yes/no/true/false`.
+fn flag(key: &str, value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("1" | "yes" | "true" | "on") => Ok(true),
+        Some("0" | "no" | "false" | "off") => Ok(false),
+        Some(v) => Err(format!("{key}={v}: expected a boolean")),
+    }
+}
+
+/// The defaults file, then the kernel's command line; with the words that were refused.
+pub fn load(defaults: Option<&str>, cmdline: &str) -> (Config, Vec<String>) {
+    let mut c = Config::default();
+    let mut errors = Vec::new();
+    if let Some(d) = defaults {
+        // comment lines are allowed in the defaults file
+        let joined: Vec<&str> = d.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+        errors.extend(c.apply(&joined.join(" ")));
+    }
+    errors.extend(c.apply(cmdline));
+    (c, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_typical_line() {
+        let (c, _) = load(None, "BOOT_IMAGE=/vmlinuz root=UUID=0A1B-C2 ro console=ttyS0 quiet rootwait rootdelay=5 init=/lib/systemd/systemd azprov.timeout=90 azprov.onfail=poweroff azprov.modules=virtio_net,,sd_mod\n");
+        assert_eq!(c.root, Some(RootSpec::Uuid("0a1b-c2".into())));
+        assert!(c.read_only && c.rootwait);
+        assert_eq!(c.rootdelay, Some(Duration::from_secs(5)));
+        assert_eq!(c.init.as_deref(), Some("/lib/systemd/systemd"));
+        assert_eq!(c.timeout, Duration::from_secs(90));
+        assert_eq!(c.onfail, OnFail::Poweroff);
+        assert_eq!(c.modules, ["virtio_net", "sd_mod"]);
+        assert!(!c.force && !c.disable && !c.keepnet);
+    }
+
+    #[test]
+    fn root_forms() {
+        let table = [
+            ("root=/dev/vda1", RootSpec::Dev("/dev/vda1".into())),
+            ("root=PARTUUID=ABCD-01", RootSpec::PartUuid("abcd-01".into())),
+            ("root=LABEL=my quiet", RootSpec::Label("my".into())),
+            ("root=\"LABEL=my root\"", RootSpec::Label("my root".into())),
+            ("root=PARTLABEL=linux", RootSpec::PartLabel("linux".into())),
+        ];
+        for (line, want) in table {
+            assert_eq!(load(None, line).0.root, Some(want), "{line}");
+        }
+    }
+
+    #[test]
+    fn near_misses_are_errors_or_ignored() {
+        for bad in ["root=", "root=vda", "root=FOO=x", "rootdelay=x", "azprov.timeout=0", "azprov.onfail=explode", "azprov.log=loud", "azprov.frobnicate=1", "azprov.force=maybe", "azprov.imds=ftp://x", "azprov.wireserver=host"] {
+            let (c, errors) = load(Some("azprov.timeout=7"), bad);
+            assert_eq!(errors.len(), 1, "{bad}");
+            // the bad word is skipped, the rest stands
+            assert_eq!(c.timeout, Duration::from_secs(7), "{bad}");
+        }
+        // not ours: ignored
+        let (c, errors) = load(None, "rootfoo=1 ro=1 azprovx=1 xazprov.force");
+        assert!(errors.is_empty());
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn the_command_line_overrides_the_defaults_file() {
+        let (c, _) = load(Some("# defaults\nazprov.timeout=30 azprov.keepnet\nro\n"), "rw azprov.keepnet=0");
+        assert_eq!(c.timeout, Duration::from_secs(30));
+        assert!(!c.keepnet && !c.read_only);
+    }
+
+    #[test]
+    fn words_after_a_double_dash_are_for_init() {
+        let (c, _) = load(None, "ro -- azprov.force root=/dev/x");
+        assert!(!c.force && c.root.is_none());
+    }
+
+    #[test]
+    fn flags() {
+        let (c, _) = load(None, "azprov.force azprov.disable=1 azprov.keepnet=yes azprov.log=debug azprov.wireserver=10.0.0.9:8080 azprov.iface=eth1");
+        assert!(c.force && c.disable && c.keepnet);
+        assert_eq!(c.log_level, log::LevelFilter::Debug);
+        assert_eq!(c.wireserver.unwrap().to_string(), "10.0.0.9:8080");
+        assert_eq!(c.iface.as_deref(), Some("eth1"));
+    }
+}

@@ -1,0 +1,297 @@
+//! Finding the root device without udev or blkid: ext4, xfs and btrfs superblocks give UUID
+//! and LABEL; GPT and MBR partition tables give PARTUUID and PARTLABEL. Parsing is pure and
+//! works on byte buffers; the scan reads devices listed in /sys/class/block.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FsInfo {
+    pub fstype: &'static str,
+    pub uuid: String,
+    pub label: String,
+}
+
+fn get(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
+    b.get(at..at + len)
+}
+
+fn le32(b: &[u8], at: usize) -> Option<u32> {
+    match get(b, at, 4)? {
+        &[a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d])),
+        _ => None,
+    }
+}
+
+fn le64(b: &[u8], at: usize) -> Option<u64> {
+    let lo = le32(b, at)?;
+    let hi = le32(b, at + 4)?;
+    Some(u64::from(lo) | (u64::from(hi) << 32))
+}
+
+/// A 16-byte UUID in the byte order filesystems store it (big-endian fields).
+fn uuid_be(b: &[u8]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    let h = h.concat();
+    match (h.get(0..8), h.get(8..12), h.get(12..16), h.get(16..20), h.get(20..32)) {
+        (Some(a), Some(b), Some(c), Some(d), Some(e)) => format!("{a}-{b}-{c}-{d}-{e}"),
+        _ => String::new(),
+    }
+}
+
+/// A GUID as GPT stores it: the first three fields little-endian.
+fn guid_le(b: &[u8]) -> String {
+    match <[u8; 16]>::try_from(b) {
+        Ok(g) => uuid_be(&[
+            g[3], g[2], g[1], g[0], g[5], g[4], g[7], g[6], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15],
+        ]),
+        Err(_) => String::new(),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(b.get(..end).unwrap_or(&[])).trim().to_string()
+}
+
+/// Needs the first 69 KiB of a device (btrfs keeps its superblock at 64 KiB).
+pub const PROBE_BYTES: usize = 0x10000 + 4096;
+
+/// Recognises ext2/3/4, xfs and btrfs from the start of a device.
+pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
+    // ext*: superblock at 1024, magic 0xEF53 at +56, uuid at +104, label at +120
+    if get(b, 1024 + 56, 2) == Some(&[0x53, 0xef]) {
+        let compat_journal = le32(b, 1024 + 92).is_some_and(|f| f & 0x04 != 0);
+        let incompat = le32(b, 1024 + 96).unwrap_or(0);
+        // extents (0x40) or 64bit (0x80) or flex_bg (0x200) mean ext4
+        let fstype = if incompat & (0x40 | 0x80 | 0x200) != 0 {
+            "ext4"
+        } else if compat_journal {
+            "ext3"
+        } else {
+            "ext2"
+        };
+        return Some(FsInfo { fstype, uuid: uuid_be(get(b, 1024 + 104, 16)?), label: text(get(b, 1024 + 120, 16)?) });
+    }
+    if get(b, 0, 4) == Some(b"XFSB") {
+        return Some(FsInfo { fstype: "xfs", uuid: uuid_be(get(b, 32, 16)?), label: text(get(b, 108, 12)?) });
+    }
+    if get(b, 0x10000 + 64, 8) == Some(b"_BHRfS_M") {
+        return Some(FsInfo {
+            fstype: "btrfs",
+            uuid: uuid_be(get(b, 0x10000 + 32, 16)?),
+            label: text(get(b, 0x10000 + 299, 256)?),
+        });
+    }
+    None
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    /// 1-based partition number.
+    pub number: u32,
+    pub partuuid: String,
+    pub partlabel: String,
+}
+
+/// Partitions from a GPT (LBA 1 header; `read_at` reads disk bytes) or an MBR.
+pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Vec<PartInfo> {
+    const SECTOR: u64 = 512;
+    let Some(mbr) = read_at(0, 1024) else { return Vec::new() };
+    if get(&mbr, 512, 8) == Some(b"EFI PART") {
+        let h = mbr.get(512..).unwrap_or(&[]);
+        let (Some(lba), Some(n), Some(size)) = (le64(h, 72), le32(h, 80), le32(h, 84)) else {
+            return Vec::new();
+        };
+        if size < 128 || n > 1024 {
+            return Vec::new();
+        }
+        let Some(entries) = read_at(lba * SECTOR, (n * size) as usize) else { return Vec::new() };
+        let mut out = Vec::new();
+        for (i, e) in entries.chunks(size as usize).enumerate() {
+            if e.iter().take(16).all(|&x| x == 0) {
+                continue; // unused entry
+            }
+            let name: Vec<u16> = e
+                .get(56..128)
+                .unwrap_or(&[])
+                .chunks_exact(2)
+                .filter_map(|c| match c {
+                    &[a, b] => Some(u16::from_le_bytes([a, b])),
+                    _ => None,
+                })
+                .take_while(|&c| c != 0)
+                .collect();
+            out.push(PartInfo {
+                number: i as u32 + 1,
+                partuuid: guid_le(e.get(16..32).unwrap_or(&[])),
+                partlabel: String::from_utf16_lossy(&name),
+            });
+        }
+        return out;
+    }
+    if get(&mbr, 510, 2) == Some(&[0x55, 0xaa]) {
+        let sig = le32(&mbr, 440).unwrap_or(0);
+        return (0..4)
+            .filter(|i| mbr.get(446 + i * 16 + 4).is_some_and(|t| *t != 0))
+            .map(|i| PartInfo { number: i as u32 + 1, partuuid: format!("{sig:08x}-{:02x}", i + 1), partlabel: String::new() })
+            .collect();
+    }
+    Vec::new()
+}
+
+/// One block device as seen in /sys/class/block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockDev {
+    pub name: String,
+    pub node: PathBuf,
+    pub fs: Option<FsInfo>,
+    pub part: Option<PartInfo>,
+}
+
+fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
+    let mut f = File::open(path).ok()?;
+    f.seek(SeekFrom::Start(off)).ok()?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match f.read(buf.get_mut(got..)?) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(got);
+    Some(buf)
+}
+
+/// Every block device under `sys_block` (normally /sys/class/block) with its filesystem and,
+/// for partitions, its GPT/MBR identity. Device nodes are `dev/NAME`.
+pub fn scan(sys_block: &Path, dev: &Path) -> Vec<BlockDev> {
+    let mut names: Vec<String> = std::fs::read_dir(sys_block)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        if name.starts_with("loop") || name.starts_with("ram") {
+            continue;
+        }
+        let node = dev.join(&name);
+        let fs = read_at(&node, 0, PROBE_BYTES).and_then(|b| probe_fs(&b));
+        let part = std::fs::read_to_string(sys_block.join(&name).join("partition"))
+            .ok()
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .and_then(|number| {
+                // the parent disk is the directory above the partition's in sysfs
+                let real = std::fs::canonicalize(sys_block.join(&name)).ok()?;
+                let parent = real.parent()?.file_name()?.to_string_lossy().into_owned();
+                let disk = dev.join(parent);
+                probe_table(&mut |off, len| read_at(&disk, off, len)).into_iter().find(|p| p.number == number)
+            });
+        out.push(BlockDev { name, node, fs, part });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ext4_superblock() {
+        let mut b = vec![0u8; PROBE_BYTES];
+        b[1024 + 56] = 0x53;
+        b[1024 + 57] = 0xef;
+        b[1024 + 96] = 0x40; // extents
+        let uuid = [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef];
+        b[1024 + 104..1024 + 120].copy_from_slice(&uuid);
+        b[1024 + 120..1024 + 124].copy_from_slice(b"root");
+        let fs = probe_fs(&b).unwrap();
+        assert_eq!(fs, FsInfo { fstype: "ext4", uuid: "01234567-89ab-cdef-0123-456789abcdef".into(), label: "root".into() });
+    }
+
+    #[test]
+    fn xfs_and_btrfs_superblocks() {
+        let mut b = vec![0u8; PROBE_BYTES];
+        b[0..4].copy_from_slice(b"XFSB");
+        b[32..48].copy_from_slice(&[0xaa; 16]);
+        b[108..112].copy_from_slice(b"data");
+        let fs = probe_fs(&b).unwrap();
+        assert_eq!((fs.fstype, fs.label.as_str()), ("xfs", "data"));
+        assert_eq!(fs.uuid, "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa");
+
+        let mut b = vec![0u8; PROBE_BYTES];
+        b[0x10000 + 64..0x10000 + 72].copy_from_slice(b"_BHRfS_M");
+        b[0x10000 + 32..0x10000 + 48].copy_from_slice(&[0x11; 16]);
+        b[0x10000 + 299..0x10000 + 302].copy_from_slice(b"btr");
+        let fs = probe_fs(&b).unwrap();
+        assert_eq!((fs.fstype, fs.label.as_str()), ("btrfs", "btr"));
+        assert!(probe_fs(&vec![0u8; PROBE_BYTES]).is_none());
+        assert!(probe_fs(&[]).is_none());
+    }
+
+    fn gpt_disk() -> Vec<u8> {
+        let mut d = vec![0u8; 512 * 40];
+        d[512..520].copy_from_slice(b"EFI PART");
+        d[512 + 72..512 + 80].copy_from_slice(&2u64.to_le_bytes());
+        d[512 + 80..512 + 84].copy_from_slice(&4u32.to_le_bytes());
+        d[512 + 84..512 + 88].copy_from_slice(&128u32.to_le_bytes());
+        // entry 2 (index 1) used
+        let e = 1024 + 128;
+        d[e..e + 16].copy_from_slice(&[0x0f; 16]); // type GUID
+        let unique = [0x78, 0x56, 0x34, 0x12, 0xbc, 0x9a, 0xf0, 0xde, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08];
+        d[e + 16..e + 32].copy_from_slice(&unique);
+        for (i, c) in "rootfs".encode_utf16().enumerate() {
+            d[e + 56 + 2 * i..e + 58 + 2 * i].copy_from_slice(&c.to_le_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn gpt_partitions() {
+        let d = gpt_disk();
+        let parts = probe_table(&mut |off, len| d.get(off as usize..off as usize + len).map(<[u8]>::to_vec));
+        assert_eq!(parts, [PartInfo { number: 2, partuuid: "12345678-9abc-def0-0102-030405060708".into(), partlabel: "rootfs".into() }]);
+    }
+
+    #[test]
+    fn mbr_partitions() {
+        let mut d = vec![0u8; 1024];
+        d[440..444].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+        d[446 + 4] = 0x83;
+        d[446 + 16 + 4] = 0x83;
+        d[510] = 0x55;
+        d[511] = 0xaa;
+        let parts = probe_table(&mut |off, len| d.get(off as usize..off as usize + len).map(<[u8]>::to_vec));
+        let ids: Vec<&str> = parts.iter().map(|p| p.partuuid.as_str()).collect();
+        assert_eq!(ids, ["deadbeef-01", "deadbeef-02"]);
+        let empty = vec![0u8; 1024];
+        assert!(probe_table(&mut |off, len| empty.get(off as usize..off as usize + len).map(<[u8]>::to_vec)).is_empty());
+        assert!(probe_table(&mut |_, _| None).is_empty());
+    }
+
+    /// A real filesystem made by mkfs.ext4, when e2fsprogs is installed (scripts/setup does).
+    #[test]
+    fn a_real_ext4_image() {
+        let img = std::env::temp_dir().join(format!("azprov-probe-{}.img", std::process::id()));
+        let made = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", "azroot", "-U", "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f"])
+            .arg(&img)
+            .arg("8M")
+            .status();
+        match made {
+            Ok(s) if s.success() => {}
+            _ if std::env::var("CI").as_deref() == Ok("true") => panic!("mkfs.ext4 is needed under CI"),
+            _ => {
+                eprintln!("SKIPPED: no mkfs.ext4");
+                return;
+            }
+        }
+        let b = read_at(&img, 0, PROBE_BYTES).unwrap();
+        let fs = probe_fs(&b).unwrap();
+        assert_eq!(fs, FsInfo { fstype: "ext4", uuid: "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f".into(), label: "azroot".into() });
+        std::fs::remove_file(&img).unwrap();
+    }
+}
