@@ -31,10 +31,34 @@ struct EarlyMount {
 }
 
 const EARLY_MOUNTS: [EarlyMount; 4] = [
-    EarlyMount { source: "devtmpfs", target: "/dev", fstype: "devtmpfs", flags: libc::MS_NOSUID, data: Some("mode=0755") },
-    EarlyMount { source: "proc", target: "/proc", fstype: "proc", flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, data: None },
-    EarlyMount { source: "sysfs", target: "/sys", fstype: "sysfs", flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, data: None },
-    EarlyMount { source: "tmpfs", target: "/run", fstype: "tmpfs", flags: libc::MS_NOSUID | libc::MS_NODEV, data: Some("mode=0755") },
+    EarlyMount {
+        source: "devtmpfs",
+        target: "/dev",
+        fstype: "devtmpfs",
+        flags: libc::MS_NOSUID,
+        data: Some("mode=0755"),
+    },
+    EarlyMount {
+        source: "proc",
+        target: "/proc",
+        fstype: "proc",
+        flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        data: None,
+    },
+    EarlyMount {
+        source: "sysfs",
+        target: "/sys",
+        fstype: "sysfs",
+        flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        data: None,
+    },
+    EarlyMount {
+        source: "tmpfs",
+        target: "/run",
+        fstype: "tmpfs",
+        flags: libc::MS_NOSUID | libc::MS_NODEV,
+        data: Some("mode=0755"),
+    },
 ];
 
 /// The whole boot. Never returns: it execs the real init or follows `azprov.onfail`.
@@ -75,7 +99,10 @@ pub fn main() -> ! {
         // A panic while provisioning is a failure like any other: the VM still boots.
         match std::panic::catch_unwind(|| provision(&opts)) {
             Ok(s) if s.report == Report::Failure => {
-                log::error!("provisioning failed ({}); booting the real root for debugging", s.reason.unwrap_or_default())
+                log::error!(
+                    "provisioning failed ({}); booting the real root for debugging",
+                    s.reason.unwrap_or_default()
+                )
             }
             Ok(_) => {}
             Err(_) => log::error!("provisioning panicked; booting the real root"),
@@ -83,11 +110,20 @@ pub fn main() -> ! {
     }
     sysinit::reap();
     if cfg.read_only {
-        if let Err(e) = mount::mount(Path::new(&root), Path::new(SYSROOT), "", libc::MS_REMOUNT | libc::MS_RDONLY, None) {
+        if let Err(e) = mount::mount(
+            Path::new(&root),
+            Path::new(SYSROOT),
+            "",
+            libc::MS_REMOUNT | libc::MS_RDONLY,
+            None,
+        ) {
             log::warn!("remount {SYSROOT} read-only: {e}");
         }
     }
-    log::info!("handing over to {init} after {} ms", t0.elapsed().as_millis());
+    log::info!(
+        "handing over to {init} after {} ms",
+        t0.elapsed().as_millis()
+    );
     let _ = fs::write(DEVKMSG, devkmsg);
     let err = switch_root(&init);
     fail_forever(&format!("switch_root to {init} failed: {err}"), cfg.onfail)
@@ -97,10 +133,19 @@ pub fn main() -> ! {
 fn early_mounts() -> String {
     for m in &EARLY_MOUNTS {
         let _ = fs::create_dir_all(m.target);
-        match mount::mount(Path::new(m.source), Path::new(m.target), m.fstype, m.flags, m.data) {
+        match mount::mount(
+            Path::new(m.source),
+            Path::new(m.target),
+            m.fstype,
+            m.flags,
+            m.data,
+        ) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => eprintln!("azprov: mount {} on {} ({}): {e}", m.source, m.target, m.fstype),
+            Err(e) => eprintln!(
+                "azprov: mount {} on {} ({}): {e}",
+                m.source, m.target, m.fstype
+            ),
         }
     }
     // Console until kmsg is there; then kmsg, so the lines reach the real system's journal.
@@ -141,7 +186,10 @@ fn load_modules(cfg: &Config) {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| {
             let (path, deps) = l.split_once(':').unwrap_or((l, ""));
-            (PathBuf::from(path.trim()), deps.split_whitespace().map(str::to_string).collect())
+            (
+                PathBuf::from(path.trim()),
+                deps.split_whitespace().map(str::to_string).collect(),
+            )
         })
         .collect();
     for name in &cfg.modules {
@@ -152,7 +200,10 @@ fn load_modules(cfg: &Config) {
     }
     let (mut loaded, mut skipped, mut failed) = (0, Vec::new(), Vec::<String>::new());
     for (p, deps) in &list {
-        let name = p.file_stem().map(|n| n.to_string_lossy().replace('-', "_")).unwrap_or_default();
+        let name = p
+            .file_stem()
+            .map(|n| n.to_string_lossy().replace('-', "_"))
+            .unwrap_or_default();
         if let Some(d) = deps.iter().find(|d| failed.contains(d)) {
             skipped.push(format!("{name} (needs {d})"));
             failed.push(name);
@@ -162,12 +213,20 @@ fn load_modules(cfg: &Config) {
             Ok(()) => loaded += 1,
             Err(e) => {
                 log::debug!("module {name}: {e}");
-                skipped.push(format!("{name} ({})", e.raw_os_error().map_or("?".into(), errno_name)));
+                skipped.push(format!(
+                    "{name} ({})",
+                    e.raw_os_error().map_or("?".into(), errno_name)
+                ));
                 failed.push(name);
             }
         }
     }
-    log::info!("modules: {} ms: {loaded} loaded, {} skipped {}", t.elapsed().as_millis(), skipped.len(), skipped.join(" "));
+    log::info!(
+        "modules: {} ms: {loaded} loaded, {} skipped {}",
+        t.elapsed().as_millis(),
+        skipped.len(),
+        skipped.join(" ")
+    );
 }
 
 fn errno_name(e: i32) -> String {
@@ -187,7 +246,10 @@ fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
             if let Some(found) = find_module(&p, name) {
                 return Some(found);
             }
-        } else if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.strip_suffix(".ko").is_some_and(|s| s.replace('-', "_") == want)) {
+        } else if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.strip_suffix(".ko")
+                .is_some_and(|s| s.replace('-', "_") == want)
+        }) {
             return Some(p);
         }
     }
@@ -215,21 +277,26 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
         });
         return Some((p, fstype));
     }
-    block::scan(Path::new("/sys/class/block"), Path::new("/dev")).into_iter().find_map(|d| {
-        let hit = match spec {
-            RootSpec::Uuid(u) => d.fs.as_ref().is_some_and(|f| f.uuid == *u),
-            RootSpec::Label(l) => d.fs.as_ref().is_some_and(|f| f.label == *l),
-            RootSpec::PartUuid(u) => d.part.as_ref().is_some_and(|p| p.partuuid == *u),
-            RootSpec::PartLabel(l) => d.part.as_ref().is_some_and(|p| p.partlabel == *l),
-            RootSpec::Dev(_) => false,
-        };
-        hit.then(|| (d.node.clone(), d.fs.as_ref().map(|f| f.fstype)))
-    })
+    block::scan(Path::new("/sys/class/block"), Path::new("/dev"))
+        .into_iter()
+        .find_map(|d| {
+            let hit = match spec {
+                RootSpec::Uuid(u) => d.fs.as_ref().is_some_and(|f| f.uuid == *u),
+                RootSpec::Label(l) => d.fs.as_ref().is_some_and(|f| f.label == *l),
+                RootSpec::PartUuid(u) => d.part.as_ref().is_some_and(|p| p.partuuid == *u),
+                RootSpec::PartLabel(l) => d.part.as_ref().is_some_and(|p| p.partlabel == *l),
+                RootSpec::Dev(_) => false,
+            };
+            hit.then(|| (d.node.clone(), d.fs.as_ref().map(|f| f.fstype)))
+        })
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
 fn mount_root(cfg: &Config) -> Result<String, String> {
-    let spec = cfg.root.as_ref().ok_or("no root= on the kernel command line")?;
+    let spec = cfg
+        .root
+        .as_ref()
+        .ok_or("no root= on the kernel command line")?;
     let t = Instant::now();
     let bound = cfg.rootdelay.unwrap_or(ROOT_WAIT_DEFAULT);
     let deadline = crate::deadline::Deadline::after(bound);
@@ -238,7 +305,10 @@ fn mount_root(cfg: &Config) -> Result<String, String> {
             break found;
         }
         if !deadline.sleep(Duration::from_millis(50)) {
-            return Err(format!("root device {spec} did not appear within {}s", bound.as_secs()));
+            return Err(format!(
+                "root device {spec} did not appear within {}s",
+                bound.as_secs()
+            ));
         }
     };
     let _ = fs::create_dir_all(SYSROOT);
@@ -249,15 +319,29 @@ fn mount_root(cfg: &Config) -> Result<String, String> {
     };
     let mut errors = Vec::new();
     for fstype in &types {
-        match mount::mount(&dev, Path::new(SYSROOT), fstype, 0, cfg.rootflags.as_deref()) {
+        match mount::mount(
+            &dev,
+            Path::new(SYSROOT),
+            fstype,
+            0,
+            cfg.rootflags.as_deref(),
+        ) {
             Ok(()) => {
-                log::info!("root: {} ms: {spec} is {} ({fstype}), mounted at {SYSROOT}", t.elapsed().as_millis(), dev.display());
+                log::info!(
+                    "root: {} ms: {spec} is {} ({fstype}), mounted at {SYSROOT}",
+                    t.elapsed().as_millis(),
+                    dev.display()
+                );
                 return Ok(dev.display().to_string());
             }
             Err(e) => errors.push(format!("{fstype}: {e}")),
         }
     }
-    Err(format!("cannot mount root {} ({spec}): {}", dev.display(), errors.join(", ")))
+    Err(format!(
+        "cannot mount root {} ({spec}): {}",
+        dev.display(),
+        errors.join(", ")
+    ))
 }
 
 /// The init to exec, checked in the new root before anything is destroyed.
@@ -271,23 +355,33 @@ fn find_init(cfg: &Config) -> Result<String, String> {
     };
     match &cfg.init {
         Some(i) if executable(i) => Ok(i.clone()),
-        Some(i) => Err(format!("init={i} is not an executable file in the root filesystem")),
+        Some(i) => Err(format!(
+            "init={i} is not an executable file in the root filesystem"
+        )),
         None => INIT_CANDIDATES
             .iter()
             .find(|c| executable(c))
             .map(|c| c.to_string())
-            .ok_or_else(|| format!("no init in the root filesystem (tried {})", INIT_CANDIDATES.join(", "))),
+            .ok_or_else(|| {
+                format!(
+                    "no init in the root filesystem (tried {})",
+                    INIT_CANDIDATES.join(", ")
+                )
+            }),
     }
 }
 
 /// Waits a moment for CD-ROM drives: SCSI and ATA scans finish after their modules load.
 fn wait_for_cdrom() {
-    let has_cdrom_driver = Path::new("/sys/module/sr_mod").exists() || Path::new("/sys/module/cdrom").exists();
+    let has_cdrom_driver =
+        Path::new("/sys/module/sr_mod").exists() || Path::new("/sys/module/cdrom").exists();
     if !has_cdrom_driver {
         return;
     }
     let deadline = crate::deadline::Deadline::after(Duration::from_secs(2));
-    while crate::azure::media::cdrom_devices(Path::new("/dev")).is_empty() && deadline.sleep(Duration::from_millis(25)) {}
+    while crate::azure::media::cdrom_devices(Path::new("/dev")).is_empty()
+        && deadline.sleep(Duration::from_millis(25))
+    {}
 }
 
 /// u-root's switch_root as named steps. Returns only on failure.
@@ -327,14 +421,21 @@ fn switch_root(init: &str) -> std::io::Error {
     }
     // The kernel hands init's own arguments (words it did not recognise) to us: pass them on.
     let args: Vec<String> = std::env::args().skip(1).collect();
-    std::process::Command::new(init).arg0(init).args(args).exec()
+    std::process::Command::new(init)
+        .arg0(init)
+        .args(args)
+        .exec()
 }
 
 fn delete_tree(dir: &Path, dev: u64) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.filter_map(|e| e.ok()) {
         let p = e.path();
-        let Ok(md) = fs::symlink_metadata(&p) else { continue };
+        let Ok(md) = fs::symlink_metadata(&p) else {
+            continue;
+        };
         if std::os::unix::fs::MetadataExt::dev(&md) != dev {
             continue; // a mount point: /sysroot and the moved API filesystems
         }

@@ -31,7 +31,11 @@ impl RootSpec {
         let (kind, val) = match v.split_once('=') {
             Some((k, val)) => (k, val),
             None if v.starts_with('/') => return Ok(RootSpec::Dev(v.to_string())),
-            None => return Err(format!("root={v}: expected /dev/NAME, UUID=, PARTUUID=, LABEL= or PARTLABEL=")),
+            None => {
+                return Err(format!(
+                    "root={v}: expected /dev/NAME, UUID=, PARTUUID=, LABEL= or PARTLABEL="
+                ))
+            }
         };
         if val.is_empty() {
             return Err(format!("root={v}: empty {kind}"));
@@ -152,7 +156,10 @@ impl Config {
                 Some((k, v)) => (k, Some(v)),
                 None => (word, None),
             };
-            let need = |v: Option<&str>| v.map(str::to_string).ok_or_else(|| format!("{key} needs a value"));
+            let need = |v: Option<&str>| {
+                v.map(str::to_string)
+                    .ok_or_else(|| format!("{key} needs a value"))
+            };
             match key {
                 "root" => self.root = Some(RootSpec::parse(&need(value)?)?),
                 "rootfstype" => self.rootfstype = Some(need(value)?),
@@ -163,15 +170,20 @@ impl Config {
                 "rootwait" if value.is_none() => self.rootwait = true,
                 "rootdelay" => {
                     let v = need(value)?;
-                    self.rootdelay = Some(Duration::from_secs(v.parse().map_err(|_| format!("rootdelay={v}: not a number"))?));
+                    self.rootdelay = Some(Duration::from_secs(
+                        v.parse()
+                            .map_err(|_| format!("rootdelay={v}: not a number"))?,
+                    ));
                 }
                 "azprov.iface" => self.iface = Some(need(value)?),
                 "azprov.timeout" => {
                     let v = need(value)?;
-                    self.timeout = crate::cli::parse_secs(&v).ok_or_else(|| format!("azprov.timeout={v}: not seconds"))?;
+                    self.timeout = crate::cli::parse_secs(&v)
+                        .ok_or_else(|| format!("azprov.timeout={v}: not seconds"))?;
                 }
                 "azprov.wireserver" => {
-                    self.wireserver = Some(crate::azure::wireserver::parse_endpoint(&need(value)?)?);
+                    self.wireserver =
+                        Some(crate::azure::wireserver::parse_endpoint(&need(value)?)?);
                 }
                 "azprov.imds" => {
                     let v = need(value)?;
@@ -185,18 +197,28 @@ impl Config {
                 "azprov.keepnet" => self.keepnet = flag(key, value)?,
                 "azprov.log" => {
                     let v = need(value)?;
-                    self.log_level = crate::log::parse_level(&v).ok_or_else(|| format!("azprov.log={v}: expected debug, info or warn"))?;
+                    self.log_level = crate::log::parse_level(&v)
+                        .ok_or_else(|| format!("azprov.log={v}: expected debug, info or warn"))?;
                 }
                 "azprov.onfail" => {
                     self.onfail = match need(value)?.as_str() {
                         "halt" => OnFail::Halt,
                         "reboot" => OnFail::Reboot,
                         "poweroff" => OnFail::Poweroff,
-                        v => return Err(format!("azprov.onfail={v}: expected halt, reboot or poweroff")),
+                        v => {
+                            return Err(format!(
+                                "azprov.onfail={v}: expected halt, reboot or poweroff"
+                            ))
+                        }
                     }
                 }
                 "azprov.modules" => {
-                    self.modules.extend(need(value)?.split(',').filter(|m| !m.is_empty()).map(str::to_string));
+                    self.modules.extend(
+                        need(value)?
+                            .split(',')
+                            .filter(|m| !m.is_empty())
+                            .map(str::to_string),
+                    );
                 }
                 k if k.starts_with("azprov.") => return Err(format!("unknown parameter {k}")),
                 _ => {}
@@ -221,7 +243,10 @@ pub fn load(defaults: Option<&str>, cmdline: &str) -> (Config, Vec<String>) {
     let mut errors = Vec::new();
     if let Some(d) = defaults {
         // comment lines are allowed in the defaults file
-        let joined: Vec<&str> = d.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+        let joined: Vec<&str> = d
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect();
         errors.extend(c.apply(&joined.join(" ")));
     }
     errors.extend(c.apply(cmdline));
@@ -249,7 +274,10 @@ mod tests {
     fn root_forms() {
         let table = [
             ("root=/dev/vda1", RootSpec::Dev("/dev/vda1".into())),
-            ("root=PARTUUID=ABCD-01", RootSpec::PartUuid("abcd-01".into())),
+            (
+                "root=PARTUUID=ABCD-01",
+                RootSpec::PartUuid("abcd-01".into()),
+            ),
             ("root=LABEL=my quiet", RootSpec::Label("my".into())),
             ("root=\"LABEL=my root\"", RootSpec::Label("my root".into())),
             ("root=PARTLABEL=linux", RootSpec::PartLabel("linux".into())),
@@ -261,7 +289,19 @@ mod tests {
 
     #[test]
     fn near_misses_are_errors_or_ignored() {
-        for bad in ["root=", "root=vda", "root=FOO=x", "rootdelay=x", "azprov.timeout=0", "azprov.onfail=explode", "azprov.log=loud", "azprov.frobnicate=1", "azprov.force=maybe", "azprov.imds=ftp://x", "azprov.wireserver=host"] {
+        for bad in [
+            "root=",
+            "root=vda",
+            "root=FOO=x",
+            "rootdelay=x",
+            "azprov.timeout=0",
+            "azprov.onfail=explode",
+            "azprov.log=loud",
+            "azprov.frobnicate=1",
+            "azprov.force=maybe",
+            "azprov.imds=ftp://x",
+            "azprov.wireserver=host",
+        ] {
             let (c, errors) = load(Some("azprov.timeout=7"), bad);
             assert_eq!(errors.len(), 1, "{bad}");
             // the bad word is skipped, the rest stands
@@ -275,7 +315,10 @@ mod tests {
 
     #[test]
     fn the_command_line_overrides_the_defaults_file() {
-        let (c, _) = load(Some("# defaults\nazprov.timeout=30 azprov.keepnet\nro\n"), "rw azprov.keepnet=0");
+        let (c, _) = load(
+            Some("# defaults\nazprov.timeout=30 azprov.keepnet\nro\n"),
+            "rw azprov.keepnet=0",
+        );
         assert_eq!(c.timeout, Duration::from_secs(30));
         assert!(!c.keepnet && !c.read_only);
     }

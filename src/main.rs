@@ -14,7 +14,10 @@ fn main() -> ExitCode {
         // boot::main handles panics during provisioning itself; anything else ends here.
         let r = std::panic::catch_unwind(|| azprov::boot::main());
         let _ = r;
-        azprov::boot::fail_forever("internal error in the boot flow", azprov::config::OnFail::Halt);
+        azprov::boot::fail_forever(
+            "internal error in the boot flow",
+            azprov::config::OnFail::Halt,
+        );
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match std::panic::catch_unwind(|| azprov::cli::run(&args)) {

@@ -76,6 +76,11 @@ pub fn acquire(
         log::warn!("no carrier on {} within the deadline", nic.name);
         return Err(no_lease(&nic));
     }
+    log::debug!(
+        "dhcp: carrier on {} after {} ms",
+        nic.name,
+        started.elapsed().as_millis()
+    );
     let sock = PacketSocket::open(nic.ifindex as i32).map_err(|source| DhcpError::Socket {
         iface: nic.name.clone(),
         source,

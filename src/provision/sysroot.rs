@@ -171,8 +171,11 @@ impl Sysroot {
         }
     }
 
+    /// Whether `path` exists as the root sees it (symlinks followed inside the root).
     pub fn exists(&self, path: &str) -> bool {
-        self.resolve(path).map(|p| p.exists()).unwrap_or(false)
+        self.resolve_full(path)
+            .map(|p| fs::symlink_metadata(p).is_ok())
+            .unwrap_or(false)
     }
 
     /// Creates `path` and its missing parents (parents 0755 root, the last one `mode`).

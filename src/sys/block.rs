@@ -34,7 +34,13 @@ fn le64(b: &[u8], at: usize) -> Option<u64> {
 fn uuid_be(b: &[u8]) -> String {
     let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
     let h = h.concat();
-    match (h.get(0..8), h.get(8..12), h.get(12..16), h.get(16..20), h.get(20..32)) {
+    match (
+        h.get(0..8),
+        h.get(8..12),
+        h.get(12..16),
+        h.get(16..20),
+        h.get(20..32),
+    ) {
         (Some(a), Some(b), Some(c), Some(d), Some(e)) => format!("{a}-{b}-{c}-{d}-{e}"),
         _ => String::new(),
     }
@@ -44,7 +50,8 @@ fn uuid_be(b: &[u8]) -> String {
 fn guid_le(b: &[u8]) -> String {
     match <[u8; 16]>::try_from(b) {
         Ok(g) => uuid_be(&[
-            g[3], g[2], g[1], g[0], g[5], g[4], g[7], g[6], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15],
+            g[3], g[2], g[1], g[0], g[5], g[4], g[7], g[6], g[8], g[9], g[10], g[11], g[12], g[13],
+            g[14], g[15],
         ]),
         Err(_) => String::new(),
     }
@@ -52,7 +59,9 @@ fn guid_le(b: &[u8]) -> String {
 
 fn text(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(b.get(..end).unwrap_or(&[])).trim().to_string()
+    String::from_utf8_lossy(b.get(..end).unwrap_or(&[]))
+        .trim()
+        .to_string()
 }
 
 /// Needs the first 69 KiB of a device (btrfs keeps its superblock at 64 KiB).
@@ -72,10 +81,18 @@ pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
         } else {
             "ext2"
         };
-        return Some(FsInfo { fstype, uuid: uuid_be(get(b, 1024 + 104, 16)?), label: text(get(b, 1024 + 120, 16)?) });
+        return Some(FsInfo {
+            fstype,
+            uuid: uuid_be(get(b, 1024 + 104, 16)?),
+            label: text(get(b, 1024 + 120, 16)?),
+        });
     }
     if get(b, 0, 4) == Some(b"XFSB") {
-        return Some(FsInfo { fstype: "xfs", uuid: uuid_be(get(b, 32, 16)?), label: text(get(b, 108, 12)?) });
+        return Some(FsInfo {
+            fstype: "xfs",
+            uuid: uuid_be(get(b, 32, 16)?),
+            label: text(get(b, 108, 12)?),
+        });
     }
     if get(b, 0x10000 + 64, 8) == Some(b"_BHRfS_M") {
         return Some(FsInfo {
@@ -98,7 +115,9 @@ pub struct PartInfo {
 /// Partitions from a GPT (LBA 1 header; `read_at` reads disk bytes) or an MBR.
 pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Vec<PartInfo> {
     const SECTOR: u64 = 512;
-    let Some(mbr) = read_at(0, 1024) else { return Vec::new() };
+    let Some(mbr) = read_at(0, 1024) else {
+        return Vec::new();
+    };
     if get(&mbr, 512, 8) == Some(b"EFI PART") {
         let h = mbr.get(512..).unwrap_or(&[]);
         let (Some(lba), Some(n), Some(size)) = (le64(h, 72), le32(h, 80), le32(h, 84)) else {
@@ -107,7 +126,9 @@ pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Ve
         if size < 128 || n > 1024 {
             return Vec::new();
         }
-        let Some(entries) = read_at(lba * SECTOR, (n * size) as usize) else { return Vec::new() };
+        let Some(entries) = read_at(lba * SECTOR, (n * size) as usize) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for (i, e) in entries.chunks(size as usize).enumerate() {
             if e.iter().take(16).all(|&x| x == 0) {
@@ -135,7 +156,11 @@ pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Ve
         let sig = le32(&mbr, 440).unwrap_or(0);
         return (0..4)
             .filter(|i| mbr.get(446 + i * 16 + 4).is_some_and(|t| *t != 0))
-            .map(|i| PartInfo { number: i as u32 + 1, partuuid: format!("{sig:08x}-{:02x}", i + 1), partlabel: String::new() })
+            .map(|i| PartInfo {
+                number: i as u32 + 1,
+                partuuid: format!("{sig:08x}-{:02x}", i + 1),
+                partlabel: String::new(),
+            })
             .collect();
     }
     Vec::new()
@@ -170,7 +195,11 @@ fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
 /// for partitions, its GPT/MBR identity. Device nodes are `dev/NAME`.
 pub fn scan(sys_block: &Path, dev: &Path) -> Vec<BlockDev> {
     let mut names: Vec<String> = std::fs::read_dir(sys_block)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     let mut out = Vec::new();
@@ -188,9 +217,16 @@ pub fn scan(sys_block: &Path, dev: &Path) -> Vec<BlockDev> {
                 let real = std::fs::canonicalize(sys_block.join(&name)).ok()?;
                 let parent = real.parent()?.file_name()?.to_string_lossy().into_owned();
                 let disk = dev.join(parent);
-                probe_table(&mut |off, len| read_at(&disk, off, len)).into_iter().find(|p| p.number == number)
+                probe_table(&mut |off, len| read_at(&disk, off, len))
+                    .into_iter()
+                    .find(|p| p.number == number)
             });
-        out.push(BlockDev { name, node, fs, part });
+        out.push(BlockDev {
+            name,
+            node,
+            fs,
+            part,
+        });
     }
     out
 }
@@ -205,11 +241,21 @@ mod tests {
         b[1024 + 56] = 0x53;
         b[1024 + 57] = 0xef;
         b[1024 + 96] = 0x40; // extents
-        let uuid = [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef];
+        let uuid = [
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ];
         b[1024 + 104..1024 + 120].copy_from_slice(&uuid);
         b[1024 + 120..1024 + 124].copy_from_slice(b"root");
         let fs = probe_fs(&b).unwrap();
-        assert_eq!(fs, FsInfo { fstype: "ext4", uuid: "01234567-89ab-cdef-0123-456789abcdef".into(), label: "root".into() });
+        assert_eq!(
+            fs,
+            FsInfo {
+                fstype: "ext4",
+                uuid: "01234567-89ab-cdef-0123-456789abcdef".into(),
+                label: "root".into()
+            }
+        );
     }
 
     #[test]
@@ -241,7 +287,10 @@ mod tests {
         // entry 2 (index 1) used
         let e = 1024 + 128;
         d[e..e + 16].copy_from_slice(&[0x0f; 16]); // type GUID
-        let unique = [0x78, 0x56, 0x34, 0x12, 0xbc, 0x9a, 0xf0, 0xde, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08];
+        let unique = [
+            0x78, 0x56, 0x34, 0x12, 0xbc, 0x9a, 0xf0, 0xde, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06,
+            0x07, 0x08,
+        ];
         d[e + 16..e + 32].copy_from_slice(&unique);
         for (i, c) in "rootfs".encode_utf16().enumerate() {
             d[e + 56 + 2 * i..e + 58 + 2 * i].copy_from_slice(&c.to_le_bytes());
@@ -252,8 +301,17 @@ mod tests {
     #[test]
     fn gpt_partitions() {
         let d = gpt_disk();
-        let parts = probe_table(&mut |off, len| d.get(off as usize..off as usize + len).map(<[u8]>::to_vec));
-        assert_eq!(parts, [PartInfo { number: 2, partuuid: "12345678-9abc-def0-0102-030405060708".into(), partlabel: "rootfs".into() }]);
+        let parts = probe_table(&mut |off, len| {
+            d.get(off as usize..off as usize + len).map(<[u8]>::to_vec)
+        });
+        assert_eq!(
+            parts,
+            [PartInfo {
+                number: 2,
+                partuuid: "12345678-9abc-def0-0102-030405060708".into(),
+                partlabel: "rootfs".into()
+            }]
+        );
     }
 
     #[test]
@@ -264,11 +322,16 @@ mod tests {
         d[446 + 16 + 4] = 0x83;
         d[510] = 0x55;
         d[511] = 0xaa;
-        let parts = probe_table(&mut |off, len| d.get(off as usize..off as usize + len).map(<[u8]>::to_vec));
+        let parts = probe_table(&mut |off, len| {
+            d.get(off as usize..off as usize + len).map(<[u8]>::to_vec)
+        });
         let ids: Vec<&str> = parts.iter().map(|p| p.partuuid.as_str()).collect();
         assert_eq!(ids, ["deadbeef-01", "deadbeef-02"]);
         let empty = vec![0u8; 1024];
-        assert!(probe_table(&mut |off, len| empty.get(off as usize..off as usize + len).map(<[u8]>::to_vec)).is_empty());
+        assert!(probe_table(&mut |off, len| empty
+            .get(off as usize..off as usize + len)
+            .map(<[u8]>::to_vec))
+        .is_empty());
         assert!(probe_table(&mut |_, _| None).is_empty());
     }
 
@@ -277,13 +340,22 @@ mod tests {
     fn a_real_ext4_image() {
         let img = std::env::temp_dir().join(format!("azprov-probe-{}.img", std::process::id()));
         let made = std::process::Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-L", "azroot", "-U", "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f"])
+            .args([
+                "-q",
+                "-F",
+                "-L",
+                "azroot",
+                "-U",
+                "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f",
+            ])
             .arg(&img)
             .arg("8M")
             .status();
         match made {
             Ok(s) if s.success() => {}
-            _ if std::env::var("CI").as_deref() == Ok("true") => panic!("mkfs.ext4 is needed under CI"),
+            _ if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("mkfs.ext4 is needed under CI")
+            }
             _ => {
                 eprintln!("SKIPPED: no mkfs.ext4");
                 return;
@@ -291,7 +363,14 @@ mod tests {
         }
         let b = read_at(&img, 0, PROBE_BYTES).unwrap();
         let fs = probe_fs(&b).unwrap();
-        assert_eq!(fs, FsInfo { fstype: "ext4", uuid: "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f".into(), label: "azroot".into() });
+        assert_eq!(
+            fs,
+            FsInfo {
+                fstype: "ext4",
+                uuid: "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f".into(),
+                label: "azroot".into()
+            }
+        );
         std::fs::remove_file(&img).unwrap();
     }
 }

@@ -6,23 +6,35 @@ pub mod mount;
 pub mod netlink;
 pub mod packet;
 
-/// Fills `buf` from the kernel's random source (getrandom(2), blocking until the pool is
-/// initialised, which on Hyper-V and QEMU happens early). Falls back to time-mixed bytes only if
-/// the call itself is unavailable, which never happens on the kernels azprov supports.
+/// GRND_INSECURE (Linux 5.6): never blocks, even before the CRNG is seeded.
+const GRND_INSECURE: libc::c_uint = 0x0004;
+
+/// Fills `buf` from the kernel's random source without waiting for the CRNG to be seeded:
+/// early in an initramfs a blocking getrandom(2) stalls for up to a second (measured under
+/// QEMU), and what azprov needs (DHCP xids, retry jitter, password salts) must be unpredictable
+/// and unique, not secret key material. Falls back to time-mixed bytes only if the call itself
+/// is unavailable.
 pub fn random_bytes(buf: &mut [u8]) {
     let mut filled = 0;
+    let mut flags = GRND_INSECURE;
     while filled < buf.len() {
         let Some(rest) = buf.get_mut(filled..) else {
             return;
         };
         // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), flags) };
         if n > 0 {
             filled += n as usize;
             continue;
         }
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // kernels before 5.6: the non-blocking read, which may still be unseeded
+            Some(libc::EINVAL) if flags == GRND_INSECURE => {
+                flags = libc::GRND_NONBLOCK;
+                continue;
+            }
+            _ => {}
         }
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -180,6 +180,22 @@ fn new_user_gets_accounts_home_and_locked_password() {
 }
 
 #[test]
+fn the_login_shell_is_looked_up_inside_the_root() {
+    let Some((dir, root)) = seeded("shell") else {
+        return;
+    };
+    // an absolute symlink means the root's own /bin/dash, not the host's
+    fs::remove_file(dir.join("bin/bash")).unwrap();
+    symlink("/bin/dash", dir.join("bin/bash")).unwrap();
+    assert!(!root.exists("/bin/bash"));
+    assert_eq!(root.login_shell(), "/bin/sh");
+    fs::write(dir.join("bin/dash"), "").unwrap();
+    assert!(root.exists("/bin/bash"));
+    assert_eq!(root.login_shell(), "/bin/bash");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn uid_range_comes_from_login_defs_and_ids_in_use_are_skipped() {
     let Some((dir, root)) = seeded("uidmin") else {
         return;
