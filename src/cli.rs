@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage:
   azprov                                   as PID 1 of an initramfs; otherwise prints this help
-  azprov ovf FILE [--json]                 parse ovf-env.xml (the password is never printed)
+  azprov ovf FILE | --device DEV [--json]  parse ovf-env.xml (the password is never printed)
   azprov imds [--imds URL] [--timeout SECS] [--json]
   azprov provision --root DIR [--iface IF] [--no-dhcp] [--media DEV]... [--ovf FILE] [--force]
                    [--timeout SECS] [--json] [--wireserver IP[:PORT]] [--imds URL]
@@ -188,14 +188,31 @@ struct OvfJson<'a> {
 }
 
 fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &[], &["json"])?;
-    let file = match a.positional.as_slice() {
-        [f] => f,
-        [] => return Err(usage("azprov ovf: give the ovf-env.xml file")),
-        _ => return Err(usage("azprov ovf: give exactly one file")),
+    let a = Args::parse(args, &["device"], &["json"])?;
+    let (name, bytes) = match (a.positional.as_slice(), a.value("device")?) {
+        ([f], None) => {
+            let bytes = std::fs::read(f).map_err(|e| usage(format!("cannot read {f}: {e}")))?;
+            (f.clone(), bytes)
+        }
+        ([], Some(dev)) => {
+            if !Path::new(dev).exists() {
+                return Err(usage(format!("--device {dev}: no such device")));
+            }
+            let deadline = Deadline::after(Duration::from_secs(10));
+            match crate::azure::media::read_ovf(&[], &[dev.into()], deadline) {
+                Ok(Some(found)) => found,
+                Ok(None) => return Err(usage(format!("{dev}: no ovf-env.xml on it"))),
+                Err(e) => return Err(usage(e.to_string())),
+            }
+        }
+        ([], None) => {
+            return Err(usage(
+                "azprov ovf: give the ovf-env.xml file or --device DEV",
+            ))
+        }
+        _ => return Err(usage("azprov ovf: give exactly one file, or --device DEV")),
     };
-    let bytes = std::fs::read(file).map_err(|e| usage(format!("cannot read {file}: {e}")))?;
-    let env = ovf::parse(&bytes).map_err(|e| usage(format!("{file}: {e}")))?;
+    let env = ovf::parse(&bytes).map_err(|e| usage(format!("{name}: {e}")))?;
     let out = OvfJson {
         hostname: &env.hostname,
         username: &env.username,

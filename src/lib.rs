@@ -13,6 +13,20 @@
     )
 )]
 
+/// The bytes of `tests/fixtures/DIR/NAME`, for unit tests.
+#[cfg(test)]
+macro_rules! fixture {
+    ($dir:literal, $name:literal) => {
+        include_bytes!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/",
+            $dir,
+            "/",
+            $name
+        ))
+    };
+}
+
 pub mod azure;
 pub mod boot;
 pub mod cli;

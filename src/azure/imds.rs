@@ -212,19 +212,9 @@ pub fn fetch(client: &Client, base: &str, deadline: Deadline) -> Result<Imds, Ht
 mod tests {
     use super::*;
 
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_bytes!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/fixtures/imds/",
-                $name
-            ))
-        };
-    }
-
     #[test]
     fn full_document_with_string_booleans() {
-        let m = parse(fixture!("full.json")).unwrap();
+        let m = parse(fixture!("imds", "full.json")).unwrap();
         assert_eq!(m.vm_id, "12345678-90ab-cdef-1234-567890abcdef");
         assert_eq!(m.computer_name.as_deref(), Some("temp-vm"));
         assert_eq!(m.admin_username.as_deref(), Some("azureuser"));
@@ -246,7 +236,7 @@ mod tests {
 
     #[test]
     fn keys_lose_trailing_and_embedded_crlf() {
-        let m = parse(fixture!("full.json")).unwrap();
+        let m = parse(fixture!("imds", "full.json")).unwrap();
         assert_eq!(
             m.ssh_keys[0].data,
             "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7== azureuser@temp-vm"
@@ -256,7 +246,7 @@ mod tests {
 
     #[test]
     fn empty_user_data_and_missing_os_profile() {
-        let m = parse(fixture!("no-osprofile.json")).unwrap();
+        let m = parse(fixture!("imds", "no-osprofile.json")).unwrap();
         assert!(m.user_data.is_none());
         assert!(m.computer_name.is_none() && m.admin_username.is_none());
         assert_eq!(m.disable_password_auth, None);
@@ -275,13 +265,13 @@ mod tests {
                 .contains("userData")
         );
         // a truncated body (the fabric's fault playbook cuts bodies) is an error, not a panic
-        let full = fixture!("full.json");
+        let full = fixture!("imds", "full.json");
         assert!(parse(&full[..full.len() / 2]).is_err());
     }
 
     #[test]
     fn debug_hides_user_data_and_the_raw_document() {
-        let m = parse(fixture!("full.json")).unwrap();
+        let m = parse(fixture!("imds", "full.json")).unwrap();
         let d = format!("{m:?}");
         assert!(!d.contains("echo hello") && !d.contains("IyEv"), "{d}");
     }

@@ -42,21 +42,14 @@ impl std::error::Error for MediaError {}
 
 /// The CD-ROM device nodes under `dev` (`sr0`, `sr1`, …), sorted.
 pub fn cdrom_devices(dev: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(dev)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                        n.strip_prefix("sr")
-                            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                })
-                .collect()
+    crate::sys::sorted_names(dev)
+        .into_iter()
+        .filter(|n| {
+            n.strip_prefix("sr")
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
         })
-        .unwrap_or_default();
-    v.sort();
-    v
+        .map(|n| dev.join(n))
+        .collect()
 }
 
 /// A mounted disc, unmounted on drop.
@@ -124,7 +117,7 @@ pub fn read_ovf(
         let (guard, fstype) = match mount_any(device, at) {
             Ok(m) => m,
             Err(detail) => {
-                log::warn!("{name}: {detail}");
+                log::debug!("{name}: {detail}");
                 last_err = Some(MediaError::Mount {
                     device: name,
                     detail,

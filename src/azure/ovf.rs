@@ -199,16 +199,6 @@ pub fn decode_base64(element: &'static str, v: &str) -> Result<Vec<u8>, OvfError
 mod tests {
     use super::*;
 
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_bytes!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/fixtures/ovf/",
-                $name
-            ))
-        };
-    }
-
     fn values(env: &OvfEnv) -> Vec<&str> {
         env.ssh_keys
             .iter()
@@ -218,7 +208,7 @@ mod tests {
 
     #[test]
     fn wala_sample_with_wa_prefix_and_default_namespace_children() {
-        let env = parse(fixture!("wala.xml")).unwrap();
+        let env = parse(fixture!("ovf", "wala.xml")).unwrap();
         assert_eq!(env.hostname, "vm-wala");
         assert_eq!(env.username, "azureuser");
         assert_eq!(env.password.as_ref().unwrap().expose(), "S3cr3t&Pass");
@@ -240,7 +230,7 @@ mod tests {
 
     #[test]
     fn ns1_prefix_everywhere_with_pps() {
-        let env = parse(fixture!("ns1.xml")).unwrap();
+        let env = parse(fixture!("ovf", "ns1.xml")).unwrap();
         assert_eq!(env.hostname, "vm-ns1");
         assert_eq!(env.username, "myuser");
         assert!(env.password.is_none());
@@ -258,7 +248,7 @@ mod tests {
 
     #[test]
     fn bom_crlf_mixed_namespaces_empty_password_wrapped_base64() {
-        let env = parse(fixture!("mixed-crlf-bom.xml")).unwrap();
+        let env = parse(fixture!("ovf", "mixed-crlf-bom.xml")).unwrap();
         assert_eq!(env.hostname, "vm-mixed");
         assert_eq!(env.username, "mixeduser");
         assert!(
@@ -276,7 +266,7 @@ mod tests {
 
     #[test]
     fn minimal_document() {
-        let env = parse(fixture!("minimal.xml")).unwrap();
+        let env = parse(fixture!("ovf", "minimal.xml")).unwrap();
         assert_eq!(
             (env.hostname.as_str(), env.username.as_str()),
             ("vm-min", "minuser")
@@ -287,28 +277,31 @@ mod tests {
     #[test]
     fn refusals() {
         assert!(matches!(
-            parse(fixture!("not-xml.xml")),
+            parse(fixture!("ovf", "not-xml.xml")),
             Err(OvfError::NotXml(_))
         ));
-        assert_eq!(parse(fixture!("not-azure.xml")), Err(OvfError::NotAzure));
         assert_eq!(
-            parse(fixture!("no-hostname.xml")),
+            parse(fixture!("ovf", "not-azure.xml")),
+            Err(OvfError::NotAzure)
+        );
+        assert_eq!(
+            parse(fixture!("ovf", "no-hostname.xml")),
             Err(OvfError::Missing("HostName"))
         );
         assert_eq!(
-            parse(fixture!("no-username.xml")),
+            parse(fixture!("ovf", "no-username.xml")),
             Err(OvfError::Missing("UserName"))
         );
         assert_eq!(
-            parse(fixture!("duplicate-hostname.xml")),
+            parse(fixture!("ovf", "duplicate-hostname.xml")),
             Err(OvfError::Duplicate("HostName".into()))
         );
         assert_eq!(
-            parse(fixture!("long-password.xml")),
+            parse(fixture!("ovf", "long-password.xml")),
             Err(OvfError::PasswordTooLong(73))
         );
         assert!(matches!(
-            parse(fixture!("bad-customdata.xml")),
+            parse(fixture!("ovf", "bad-customdata.xml")),
             Err(OvfError::BadValue {
                 element: "CustomData",
                 ..
@@ -319,18 +312,19 @@ mod tests {
 
     #[test]
     fn password_of_exactly_72_chars_is_accepted() {
-        let doc = String::from_utf8_lossy(fixture!("long-password.xml")).replacen("pp", "p", 1);
+        let doc =
+            String::from_utf8_lossy(fixture!("ovf", "long-password.xml")).replacen("pp", "p", 1);
         let env = parse(doc.as_bytes()).unwrap();
         assert_eq!(env.password.unwrap().expose().chars().count(), 72);
     }
 
     #[test]
     fn errors_and_debug_never_show_the_password() {
-        let env = parse(fixture!("wala.xml")).unwrap();
+        let env = parse(fixture!("ovf", "wala.xml")).unwrap();
         let dbg = format!("{env:?}");
         assert!(!dbg.contains("S3cr3t"));
         assert!(!dbg.contains("cloud-config"));
-        let err = parse(fixture!("long-password.xml"))
+        let err = parse(fixture!("ovf", "long-password.xml"))
             .unwrap_err()
             .to_string();
         assert!(!err.contains("ppp"), "{err}");

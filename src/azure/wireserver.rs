@@ -243,16 +243,6 @@ impl WireServer<'_> {
 mod tests {
     use super::*;
 
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_bytes!(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/fixtures/goalstate/",
-                $name
-            ))
-        };
-    }
-
     fn gs() -> GoalState {
         GoalState {
             incarnation: "42".into(),
@@ -263,12 +253,15 @@ mod tests {
 
     #[test]
     fn goal_state_sample() {
-        assert_eq!(parse_goal_state(fixture!("sample.xml")).unwrap(), gs());
+        assert_eq!(
+            parse_goal_state(fixture!("goalstate", "sample.xml")).unwrap(),
+            gs()
+        );
     }
 
     #[test]
     fn goal_state_with_crlf_and_extra_elements() {
-        let g = parse_goal_state(fixture!("crlf-extra.xml")).unwrap();
+        let g = parse_goal_state(fixture!("goalstate", "crlf-extra.xml")).unwrap();
         assert_eq!(g.incarnation, "7");
         assert_eq!(g.container_id, "c0ffee00-0000-4000-8000-000000000001");
         assert_eq!(
@@ -279,7 +272,7 @@ mod tests {
 
     #[test]
     fn goal_state_without_role_instance_is_refused() {
-        let e = parse_goal_state(fixture!("no-roleinstance.xml")).unwrap_err();
+        let e = parse_goal_state(fixture!("goalstate", "no-roleinstance.xml")).unwrap_err();
         assert!(e.contains("RoleInstance"), "{e}");
         assert!(parse_goal_state(b"<Versions/>").is_err());
         assert!(parse_goal_state(b"garbage").is_err());

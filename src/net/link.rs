@@ -94,14 +94,7 @@ pub fn read_nic(class_net: &Path, name: &str) -> Option<Nic> {
 }
 
 pub fn scan(class_net: &Path) -> Vec<Nic> {
-    let mut names: Vec<String> = fs::read_dir(class_net)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
+    let names = crate::sys::sorted_names(class_net);
     names
         .iter()
         .filter_map(|n| read_nic(class_net, n))

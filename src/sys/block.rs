@@ -194,14 +194,7 @@ fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
 /// Every block device under `sys_block` (normally /sys/class/block) with its filesystem and,
 /// for partitions, its GPT/MBR identity. Device nodes are `dev/NAME`.
 pub fn scan(sys_block: &Path, dev: &Path) -> Vec<BlockDev> {
-    let mut names: Vec<String> = std::fs::read_dir(sys_block)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
+    let names = crate::sys::sorted_names(sys_block);
     let mut out = Vec::new();
     for name in names {
         if name.starts_with("loop") || name.starts_with("ram") {

@@ -6,6 +6,19 @@ pub mod mount;
 pub mod netlink;
 pub mod packet;
 
+/// The names in a directory, sorted; empty when it cannot be read (sysfs and /dev scans).
+pub fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// GRND_INSECURE (Linux 5.6): never blocks, even before the CRNG is seeded.
 const GRND_INSECURE: libc::c_uint = 0x0004;
 

@@ -238,17 +238,10 @@ impl Net {
         let log_s = log.display().to_string();
         args.extend(["--log", &log_s]);
         args.extend(flags);
-        let mut child = Command::new("ip")
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = child.stdout.take().unwrap();
-        let mut buf = [0u8; 6];
-        std::io::Read::read_exact(&mut out, &mut buf).unwrap();
-        assert_eq!(&buf, b"ready\n");
-        self.children.push(child);
+        self.children.push(spawn_ready(
+            &args, b"ready
+",
+        ));
         log
     }
 
@@ -329,6 +322,21 @@ impl Drop for Net {
     }
 }
 
+/// Starts a server and waits for the line it prints once it listens.
+fn spawn_ready(args: &[&str], ready: &[u8]) -> Child {
+    let mut child = Command::new("ip")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; ready.len()];
+    std::io::Read::read_exact(&mut out, &mut buf).unwrap();
+    assert_eq!(buf, ready, "{args:?}");
+    child
+}
+
 pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
     let start = Instant::now();
     while !f() {
@@ -382,17 +390,11 @@ impl Net {
             &p,
         ];
         args.extend(extra);
-        let mut child = Command::new("ip")
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = child.stdout.take().unwrap();
-        let mut buf = [0u8; 13];
-        std::io::Read::read_exact(&mut out, &mut buf).unwrap();
-        assert_eq!(&buf, b"fabric ready\n");
-        self.children.push(child);
+        self.children.push(spawn_ready(
+            &args,
+            b"fabric ready
+",
+        ));
     }
 
     /// Every request the fabric received, in order.
