@@ -3,6 +3,7 @@
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
+use crate::modules;
 use crate::provision::run::{provision, MediaSource, Options, Report};
 use crate::provision::sysroot::Sysroot;
 use crate::sys::block;
@@ -69,8 +70,8 @@ pub fn main() -> ! {
     crate::log::init(cfg.log_level);
     log::info!("azprov {} as PID 1", crate::VERSION);
 
-    load_modules(&cfg);
-    let root = match mount_root(&cfg) {
+    let mut loader = load_modules(&cfg);
+    let root = match mount_root(&cfg, &mut loader) {
         Ok(r) => r,
         Err(reason) => fail_forever(&reason, cfg.onfail),
     };
@@ -174,86 +175,32 @@ fn load_config() -> Config {
     cfg
 }
 
-/// Loads the modules listed in the initramfs (in dependency order) and `azprov.modules=`.
-/// Absent hardware (ENODEV) or a failed dependency is logged and skipped, never fatal.
-fn load_modules(cfg: &Config) {
+/// Loads the modules listed in the initramfs and `azprov.modules=`; root filesystem modules
+/// wait in the returned loader until the root's type is known.
+fn load_modules(cfg: &Config) -> modules::Loader {
     let t = Instant::now();
-    // `path: dep dep` per line, dependencies first (decided by scripts/mkinitramfs)
-    let mut list: Vec<(PathBuf, Vec<String>)> = fs::read_to_string(MODULES_LIST)
-        .unwrap_or_default()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let (path, deps) = l.split_once(':').unwrap_or((l, ""));
-            (
-                PathBuf::from(path.trim()),
-                deps.split_whitespace().map(str::to_string).collect(),
-            )
-        })
-        .collect();
+    let mut list = modules::parse_list(&fs::read_to_string(MODULES_LIST).unwrap_or_default());
     for name in &cfg.modules {
-        match find_module(Path::new("/lib/modules"), name) {
-            Some(p) => list.push((p, Vec::new())),
+        match modules::find(Path::new("/lib/modules"), name) {
+            Some(path) => list.push(modules::Module {
+                path,
+                name: name.replace('-', "_"),
+                deps: Vec::new(),
+            }),
             None => log::warn!("module {name}: not in the initramfs"),
         }
     }
-    let (mut loaded, mut skipped, mut failed) = (0, Vec::new(), Vec::<String>::new());
-    for (p, deps) in &list {
-        let name = p
-            .file_stem()
-            .map(|n| n.to_string_lossy().replace('-', "_"))
-            .unwrap_or_default();
-        if let Some(d) = deps.iter().find(|d| failed.contains(d)) {
-            skipped.push(format!("{name} (needs {d})"));
-            failed.push(name);
-            continue;
-        }
-        match sysinit::load_module(p) {
-            Ok(()) => loaded += 1,
-            Err(e) => {
-                log::debug!("module {name}: {e}");
-                skipped.push(format!(
-                    "{name} ({})",
-                    e.raw_os_error().map_or("?".into(), errno_name)
-                ));
-                failed.push(name);
-            }
-        }
-    }
+    let (now, later) = modules::split_deferred(list);
+    let mut loader = modules::Loader::new(later);
+    loader.load(&now);
     log::info!(
-        "modules: {} ms: {loaded} loaded, {} skipped {}",
+        "modules: {} ms: {} loaded, {} skipped {}",
         t.elapsed().as_millis(),
-        skipped.len(),
-        skipped.join(" ")
+        loader.loaded,
+        loader.skipped.len(),
+        loader.skipped.join(" ")
     );
-}
-
-fn errno_name(e: i32) -> String {
-    match e {
-        libc::ENODEV => "no device".into(),
-        libc::ENOENT => "missing symbol or dependency".into(),
-        libc::ENOEXEC => "bad format".into(),
-        e => format!("errno {e}"),
-    }
-}
-
-fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
-    let want = name.replace('-', "_");
-    for e in fs::read_dir(dir).ok()?.filter_map(|e| e.ok()) {
-        let p = e.path();
-        if p.is_dir() {
-            if let Some(found) = find_module(&p, name) {
-                return Some(found);
-            }
-        } else if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-            n.strip_suffix(".ko")
-                .is_some_and(|s| s.replace('-', "_") == want)
-        }) {
-            return Some(p);
-        }
-    }
-    None
+    loader
 }
 
 /// The device for `root=`, once it exists.
@@ -292,7 +239,7 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
-fn mount_root(cfg: &Config) -> Result<String, String> {
+fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, String> {
     let spec = cfg
         .root
         .as_ref()
@@ -312,6 +259,7 @@ fn mount_root(cfg: &Config) -> Result<String, String> {
         }
     };
     let _ = fs::create_dir_all(SYSROOT);
+    loader.load_for_fs(cfg.rootfstype.as_deref().or(probed));
     let types: Vec<&str> = match (&cfg.rootfstype, probed) {
         (Some(t), _) => vec![t.as_str()],
         (None, Some(p)) => vec![p],

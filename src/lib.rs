@@ -33,6 +33,7 @@ pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod log;
+pub mod modules;
 pub mod net;
 pub mod provision;
 pub mod secret;
