@@ -68,6 +68,7 @@ pub fn main() -> ! {
     let devkmsg = early_mounts();
     let cfg = load_config();
     crate::log::init(cfg.log_level);
+    crate::log::Capture::install();
     log::info!("azprov {} as PID 1", crate::VERSION);
 
     let mut loader = load_modules(&cfg);
@@ -414,7 +415,8 @@ pub fn fail_forever(reason: &str, onfail: OnFail) -> ! {
             }
         }
         sysinit::reap();
-        std::thread::sleep(Duration::from_secs(if round < 3 { 3 } else { 30 }));
+        let pause = Duration::from_secs(if round < 3 { 3 } else { 30 });
+        crate::deadline::Deadline::after(pause).sleep(pause);
         round = round.saturating_add(1);
     }
 }

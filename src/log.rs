@@ -127,12 +127,19 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
 #[derive(Clone, Default)]
 pub struct Capture(std::sync::Arc<Mutex<Vec<u8>>>);
 
+static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+
 impl Capture {
-    /// Installs a new capture as a sink and returns a handle to read it.
+    /// The process's capture, installed as a sink on first use; PID 1 installs it right after
+    /// the logger, so the root's log file also holds the module and root-mount lines.
     pub fn install() -> Capture {
-        let c = Capture::default();
-        add_sink(Box::new(c.clone()));
-        c
+        CAPTURE
+            .get_or_init(|| {
+                let c = Capture::default();
+                add_sink(Box::new(c.clone()));
+                c
+            })
+            .clone()
     }
 
     pub fn contents(&self) -> Vec<u8> {
