@@ -84,7 +84,13 @@ pub fn main() -> ! {
     if cfg.disable {
         log::info!("azprov.disable: not provisioning");
     } else {
-        wait_for_cdrom();
+        // Later boots on Azure have no CD attached: do not wait for one when the root is
+        // provisioned already (provision() makes the same check and returns at once).
+        let done =
+            crate::provision::run::already_provisioned(&Sysroot::new(SYSROOT), Path::new("/sys"));
+        if cfg.force || done.is_none() {
+            wait_for_cdrom();
+        }
         let opts = Options {
             root: PathBuf::from(SYSROOT),
             iface: cfg.iface.clone(),
