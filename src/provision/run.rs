@@ -144,8 +144,9 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
         .map_err(|e| Failure::new(e.reason(), format!("{name}: {e}")))
 }
 
-/// Runs the whole provisioning into `opts.root` and reports to Azure. Logs one line per
-/// stage; the result is also the `--json` summary.
+/// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of
+/// DESIGN.md §2 from "already provisioned?" to "teardown", one log line each with its
+/// duration. The result is also the `--json` summary.
 pub fn provision(opts: &Options) -> Summary {
     let t0 = Instant::now();
     let capture = crate::log::Capture::install();
@@ -172,61 +173,32 @@ pub fn provision(opts: &Options) -> Summary {
     }
     let deadline = Deadline::after(opts.timeout);
 
-    // 1. provisioning media
     let t = Instant::now();
     let ovf = read_media(opts, deadline.min(opts.timeout / 5));
     s.timings_ms.media = ms(t.elapsed());
+    let ms_media = s.timings_ms.media;
     match &ovf {
         Ok(Some(o)) => log::info!(
-            "media: {} ms: ovf-env.xml for {} / {}",
-            s.timings_ms.media,
+            "media: {ms_media} ms: ovf-env.xml for {} / {}",
             o.hostname,
             o.username
         ),
-        Ok(None) => log::info!(
-            "media: {} ms: no provisioning media; IMDS only",
-            s.timings_ms.media
-        ),
-        Err(f) => log::warn!("media: {} ms: {f}", s.timings_ms.media),
+        Ok(None) => log::info!("media: {ms_media} ms: no provisioning media; IMDS only"),
+        Err(f) => log::warn!("media: {ms_media} ms: {f}"),
     }
     let ovf_hostname = ovf
         .as_ref()
         .ok()
-        .and_then(|o| o.as_ref())
+        .and_then(Option::as_ref)
         .map(|o| o.hostname.clone());
 
-    // 2. network
     let t = Instant::now();
-    let mut lease_ws = None;
-    let network: Result<Option<Applied>, Failure> = if opts.dhcp {
-        let dl = deadline.min(deadline.remaining() / 2);
-        crate::net::run::bring_up(
-            Path::new(&opts.sys).join("class/net").as_path(),
-            opts.iface.as_deref(),
-            ovf_hostname.as_deref(),
-            dl,
-        )
-        .map(|(nic, applied)| {
-            let l = applied.lease();
-            lease_ws = l.wireserver;
-            log::info!(
-                "dhcp: {} ms: {} {}/{} from {}, wireserver {}",
-                ms(t.elapsed()),
-                nic.name,
-                l.address,
-                l.prefix_len,
-                l.server_id,
-                l.wireserver
-                    .map_or("(none, using 168.63.129.16)".into(), |w| w.to_string())
-            );
-            Some(applied)
-        })
-        .map_err(|e| Failure::new(e.reason(), e.to_string()))
-    } else {
-        log::info!("dhcp: skipped (--no-dhcp)");
-        Ok(None)
-    };
+    let network = network(opts, ovf_hostname.as_deref(), deadline);
     s.timings_ms.dhcp = ms(t.elapsed());
+    let lease_ws = match &network {
+        Ok(Some(applied)) => applied.lease().wireserver,
+        _ => None,
+    };
     let ws_addr = opts
         .wireserver
         .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)));
@@ -236,36 +208,13 @@ pub fn provision(opts: &Options) -> Summary {
         addr: ws_addr,
     };
 
-    let outcome: Result<ProvisioningData, Failure> = match &network {
-        Err(f) => {
-            log::error!("dhcp: {} ms: {f}", s.timings_ms.dhcp);
-            Err(f.clone())
-        }
+    let data = match &network {
+        Err(f) => Err(f.clone()),
         Ok(_) => {
-            // 3. IMDS, in parallel with the first goal-state fetch
             let t = Instant::now();
-            let imds_dl = deadline.min(deadline.remaining() * 2 / 3);
-            let (imds_res, gs) = std::thread::scope(|scope| {
-                let h = scope.spawn(|| imds::fetch(&client, &opts.imds, imds_dl));
-                let gs = ws.fetch_goal_state(imds_dl.min(Duration::from_secs(10)));
-                let r = h.join().unwrap_or_else(|_| {
-                    Err(HttpError::Invalid {
-                        url: opts.imds.clone(),
-                        detail: "IMDS thread panicked".into(),
-                    })
-                });
-                (r, gs)
-            });
+            let imds = metadata(opts, &ws, deadline);
             s.timings_ms.imds = ms(t.elapsed());
-            match &gs {
-                Ok(g) => log::info!(
-                    "wireserver {ws_addr}: goal state incarnation {}",
-                    g.incarnation
-                ),
-                Err(e) => log::warn!("wireserver {ws_addr}: first goal state fetch: {e}"),
-            }
-            let imds_res = imds_res.map_err(|e| imds_failure(&e));
-            match &imds_res {
+            match &imds {
                 Ok(m) => log::info!(
                     "imds: {} ms: vmId {}, {} key(s)",
                     s.timings_ms.imds,
@@ -274,85 +223,30 @@ pub fn provision(opts: &Options) -> Summary {
                 ),
                 Err(f) => log::warn!("imds: {} ms: {f}", s.timings_ms.imds),
             }
-            // 4. merge
-            merge(&ovf, &imds_res)
+            merge(&ovf, &imds)
         }
     };
 
-    // 5. write
     let t = Instant::now();
-    let written = outcome.and_then(|data| {
-        let vm_id = s
-            .vm_id
-            .clone()
-            .or_else(|| data.vm_id.clone())
-            .unwrap_or_else(|| "unknown".into());
-        s.vm_id = Some(vm_id.clone());
-        s.hostname = Some(data.hostname.0.to_string());
-        s.username = Some(data.username.0.to_string());
-        s.ssh_keys = data.keys.len();
-        s.custom_data = data.custom_data.is_some();
-        s.user_data = data.user_data.is_some();
+    let written = data.and_then(|data| {
+        s.describe(&data);
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
-        let r = sysroot::write_all(&root, &data, &vm_id);
-        s.timings_ms.write = ms(t.elapsed());
-        if r.is_ok() {
-            log::info!(
-                "write: {} ms: {} provisioned",
-                s.timings_ms.write,
-                opts.root.display()
-            );
-        }
-        r
+        let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
+        sysroot::write_all(&root, &data, &vm_id)
     });
-
-    // 6. report
-    let t = Instant::now();
-    let health = match &written {
-        Ok(()) => Health::Ready,
-        Err(f) => {
-            log::error!("provisioning failed: {f}");
-            s.reason = Some(f.reason.to_string());
-            Health::Failed {
-                description: wireserver::failure_description_with(
-                    f.reason,
-                    &f.extra,
-                    s.vm_id.as_deref().unwrap_or("unknown"),
-                    &crate::time::now_rfc3339(),
-                ),
-            }
-        }
-    };
-    let report_dl = if deadline.expired() {
-        Deadline::after(Duration::from_secs(5))
-    } else {
-        deadline
-    };
-    match ws.report(&health, report_dl) {
-        Ok(r) => {
-            s.report = if written.is_ok() {
-                Report::Ready
-            } else {
-                Report::Failure
-            };
-            log::info!(
-                "report: {} ms: {} to {ws_addr} (incarnation {}, {} POST(s))",
-                ms(t.elapsed()),
-                if written.is_ok() { "Ready" } else { "NotReady" },
-                r.incarnation,
-                r.posts
-            );
-        }
-        Err(e) => {
-            s.report = Report::Failure;
-            s.reason
-                .get_or_insert_with(|| "failed to report ready".into());
-            log::error!("report: {} ms: {e}", ms(t.elapsed()));
-        }
+    s.timings_ms.write = ms(t.elapsed());
+    if written.is_ok() {
+        log::info!(
+            "write: {} ms: {} provisioned",
+            s.timings_ms.write,
+            opts.root.display()
+        );
     }
+
+    let t = Instant::now();
+    report(&ws, &written, &mut s, deadline);
     s.timings_ms.report = ms(t.elapsed());
 
-    // 7. teardown
     if let Ok(Some(applied)) = network {
         if opts.keep_network {
             applied.keep();
@@ -369,4 +263,134 @@ pub fn provision(opts: &Options) -> Summary {
         log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
     }
     s
+}
+
+impl Summary {
+    /// Fills in what the summary says about the data about to be written.
+    fn describe(&mut self, d: &ProvisioningData) {
+        self.vm_id = self.vm_id.take().or_else(|| d.vm_id.clone());
+        self.hostname = Some(d.hostname.0.to_string());
+        self.username = Some(d.username.0.to_string());
+        self.ssh_keys = d.keys.len();
+        self.custom_data = d.custom_data.is_some();
+        self.user_data = d.user_data.is_some();
+    }
+}
+
+/// DHCP on the chosen NIC, sending the OVF HostName as option 12 (Azure DNS registers the name
+/// the client sends); Ok(None) with `--no-dhcp`.
+fn network(
+    opts: &Options,
+    hostname: Option<&str>,
+    deadline: Deadline,
+) -> Result<Option<Applied>, Failure> {
+    if !opts.dhcp {
+        log::info!("dhcp: skipped (--no-dhcp)");
+        return Ok(None);
+    }
+    let t = Instant::now();
+    let class_net = opts.sys.join("class/net");
+    match crate::net::run::bring_up(
+        &class_net,
+        opts.iface.as_deref(),
+        hostname,
+        deadline.min(deadline.remaining() / 2),
+    ) {
+        Ok((nic, applied)) => {
+            let l = applied.lease();
+            let ws = match (opts.wireserver, l.wireserver) {
+                (Some(w), _) => format!("{w} (--wireserver)"),
+                (None, Some(w)) => w.to_string(),
+                (None, None) => format!("(none, using {})", wireserver::DEFAULT_ADDR),
+            };
+            log::info!(
+                "dhcp: {} ms: {} {}/{} from {}, wireserver {ws}",
+                ms(t.elapsed()),
+                nic.name,
+                l.address,
+                l.prefix_len,
+                l.server_id
+            );
+            Ok(Some(applied))
+        }
+        Err(e) => {
+            log::error!("dhcp: {} ms: {e}", ms(t.elapsed()));
+            Err(Failure::new(e.reason(), e.to_string()))
+        }
+    }
+}
+
+/// IMDS, in parallel with the first goal-state fetch (which checks the WireServer early; the
+/// report fetches it again right before posting).
+fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
+    let dl = deadline.min(deadline.remaining() * 2 / 3);
+    let (m, gs) = std::thread::scope(|scope| {
+        let h = scope.spawn(|| imds::fetch(ws.client, &opts.imds, dl));
+        let gs = ws.fetch_goal_state(dl.min(Duration::from_secs(10)));
+        let m = h.join().unwrap_or_else(|_| {
+            Err(HttpError::Invalid {
+                url: opts.imds.clone(),
+                detail: "IMDS thread panicked".into(),
+            })
+        });
+        (m, gs)
+    });
+    match gs {
+        Ok(g) => log::info!(
+            "wireserver {}: goal state incarnation {}",
+            ws.addr,
+            g.incarnation
+        ),
+        Err(e) => log::warn!("wireserver {}: first goal state fetch: {e}", ws.addr),
+    }
+    m.map_err(|e| imds_failure(&e))
+}
+
+/// Ready, or NotReady with the failure's reason; a fresh goal state before each POST.
+fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadline: Deadline) {
+    let t = Instant::now();
+    let health = match written {
+        Ok(()) => Health::Ready,
+        Err(f) => {
+            log::error!("provisioning failed: {f}");
+            s.reason = Some(f.reason.to_string());
+            let vm_id = s.vm_id.as_deref().unwrap_or("unknown");
+            let description = wireserver::failure_description_with(
+                f.reason,
+                &f.extra,
+                vm_id,
+                &crate::time::now_rfc3339(),
+            );
+            Health::Failed { description }
+        }
+    };
+    // a failure that used up the deadline still gets a short chance to be reported
+    let dl = if deadline.expired() {
+        Deadline::after(Duration::from_secs(5))
+    } else {
+        deadline
+    };
+    match ws.report(&health, dl) {
+        Ok(r) => {
+            s.report = if written.is_ok() {
+                Report::Ready
+            } else {
+                Report::Failure
+            };
+            log::info!(
+                "report: {} ms: {} to {} (incarnation {}, {} POST(s))",
+                ms(t.elapsed()),
+                if written.is_ok() { "Ready" } else { "NotReady" },
+                ws.addr,
+                r.incarnation,
+                r.posts
+            );
+        }
+        Err(e) => {
+            s.report = Report::Failure;
+            s.reason
+                .get_or_insert_with(|| "failed to report ready".into());
+            log::error!("report: {} ms: {e}", ms(t.elapsed()));
+        }
+    }
 }
