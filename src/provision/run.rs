@@ -244,7 +244,13 @@ pub fn provision(opts: &Options) -> Summary {
     }
 
     let t = Instant::now();
-    report(&ws, &written, &mut s, deadline);
+    // Without a lease the WireServer is most likely unreachable: try briefly, then boot on.
+    let report_deadline = if network.is_err() {
+        deadline.min(Duration::from_secs(10))
+    } else {
+        deadline
+    };
+    report(&ws, &written, &mut s, report_deadline);
     s.timings_ms.report = ms(t.elapsed());
 
     if let Ok(Some(applied)) = network {
