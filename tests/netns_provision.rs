@@ -493,3 +493,28 @@ fn bad_hostname_and_system_usernames_are_refused_with_a_reason() {
         assert!(!text(root.join("etc/passwd")).contains(":1000:"));
     }
 }
+
+#[test]
+fn no_dhcp_server_fails_with_the_lease_reason_and_leaves_the_root_alone() {
+    if !privileged() {
+        return;
+    }
+    let mut net = Net::new();
+    net.fabric(&doc("vm-nodhcp", "azureuser"), &json!([]), &[]);
+    let root = net.seed_root();
+    let (o, v) = provision(&net, &root, &["--timeout", "4"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(v["report"], "failure");
+    assert_eq!(v["reason"], "failure to obtain DHCP lease");
+    assert!(
+        stderr(&o).contains("failure to obtain DHCP lease on vm0"),
+        "{}",
+        stderr(&o)
+    );
+    // no lease, no route: nothing reached the fabric, nothing was written but the log
+    assert!(net.fabric_log().is_empty());
+    assert_eq!(text(root.join("etc/hostname")), "debian-image\n");
+    assert!(!root.join("var/lib/azprov/provisioned").exists());
+    assert!(text(root.join("var/log/azprov.log")).contains("failure to obtain DHCP lease"));
+    assert!(net.vm_addrs().is_empty());
+}
