@@ -37,32 +37,15 @@ pub fn merge(
     let hostname = pick(
         m.and_then(|m| m.computer_name.as_deref()),
         ovf_env.map(|o| o.hostname.as_str()),
-    )
-    .ok_or_else(|| {
-        Failure::new(
-            "failed to determine hostname",
-            "neither IMDS nor ovf-env.xml has one",
-        )
-    })?;
-    let hostname = (
-        Hostname::parse(hostname.0).map_err(|e| Failure::new("invalid hostname", e))?,
-        hostname.1,
-    );
-
+        ("failed to determine hostname", "invalid hostname"),
+        Hostname::parse,
+    )?;
     let username = pick(
         m.and_then(|m| m.admin_username.as_deref()),
         ovf_env.map(|o| o.username.as_str()),
-    )
-    .ok_or_else(|| {
-        Failure::new(
-            "failed to determine username",
-            "neither IMDS nor ovf-env.xml has one",
-        )
-    })?;
-    let username = (
-        Username::parse(username.0).map_err(|e| Failure::new("invalid username", e))?,
-        username.1,
-    );
+        ("failed to determine username", "invalid username"),
+        Username::parse,
+    )?;
 
     let mut keys: Vec<KeyEntry> = Vec::new();
     let imds_keys = m.map(|m| {
@@ -109,9 +92,27 @@ pub fn merge(
     })
 }
 
-fn pick<'a>(imds: Option<&'a str>, ovf: Option<&'a str>) -> Option<(&'a str, Source)> {
-    imds.map(|v| (v, Source::Imds))
-        .or_else(|| ovf.map(|v| (v, Source::Ovf)))
+/// IMDS's value, else ovf-env.xml's, validated by `parse`; `reasons` are (missing, invalid).
+fn pick<T>(
+    imds: Option<&str>,
+    ovf: Option<&str>,
+    reasons: (&'static str, &'static str),
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<(T, Source), Failure> {
+    let (value, source) = match (imds, ovf) {
+        (Some(v), _) => (v, Source::Imds),
+        (None, Some(v)) => (v, Source::Ovf),
+        (None, None) => {
+            return Err(Failure::new(
+                reasons.0,
+                "neither IMDS nor ovf-env.xml has one",
+            ))
+        }
+    };
+    Ok((
+        parse(value).map_err(|e| Failure::new(reasons.1, e))?,
+        source,
+    ))
 }
 
 #[cfg(test)]
@@ -206,6 +207,22 @@ mod tests {
                 "imds",
                 "connection error querying IMDS: refused".to_string()
             )
+        );
+    }
+
+    #[test]
+    fn missing_values_have_their_own_reasons() {
+        let mut m = both().1.unwrap();
+        m.computer_name = None;
+        assert_eq!(
+            merge(&Ok(None), &Ok(m.clone())).unwrap_err().reason,
+            "failed to determine hostname"
+        );
+        m.computer_name = Some("vm".into());
+        m.admin_username = None;
+        assert_eq!(
+            merge(&Ok(None), &Ok(m)).unwrap_err().reason,
+            "failed to determine username"
         );
     }
 
