@@ -217,18 +217,7 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
         if !p.exists() {
             return None;
         }
-        let fstype = fs::File::open(&p).ok().and_then(|mut f| {
-            let mut buf = vec![0u8; block::PROBE_BYTES];
-            let n = std::io::Read::read(&mut f, &mut buf).ok()?;
-            let mut got = n;
-            while got < buf.len() {
-                match std::io::Read::read(&mut f, buf.get_mut(got..)?) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got += n,
-                }
-            }
-            block::probe_fs(buf.get(..got)?).map(|i| i.fstype)
-        });
+        let fstype = block::probe_device(&p).map(|i| i.fstype);
         return Some((p, fstype));
     }
     block::scan(Path::new("/sys/class/block"), Path::new("/dev"))

@@ -166,6 +166,11 @@ pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Ve
     Vec::new()
 }
 
+/// The filesystem on a device node or image file, if azprov recognises it.
+pub fn probe_device(path: &Path) -> Option<FsInfo> {
+    read_at(path, 0, PROBE_BYTES).and_then(|b| probe_fs(&b))
+}
+
 /// One block device as seen in /sys/class/block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockDev {
@@ -201,7 +206,7 @@ pub fn scan(sys_block: &Path, dev: &Path) -> Vec<BlockDev> {
             continue;
         }
         let node = dev.join(&name);
-        let fs = read_at(&node, 0, PROBE_BYTES).and_then(|b| probe_fs(&b));
+        let fs = probe_device(&node);
         let part = std::fs::read_to_string(sys_block.join(&name).join("partition"))
             .ok()
             .and_then(|n| n.trim().parse::<u32>().ok())
@@ -354,8 +359,7 @@ mod tests {
                 return;
             }
         }
-        let b = read_at(&img, 0, PROBE_BYTES).unwrap();
-        let fs = probe_fs(&b).unwrap();
+        let fs = probe_device(&img).unwrap();
         assert_eq!(
             fs,
             FsInfo {
