@@ -167,21 +167,23 @@ pub struct LinkUp {
     done: bool,
 }
 
+/// Sets or clears IFF_UP on one interface over rtnetlink.
+fn set_up(ifindex: u32, name: &str, up: bool) -> Result<(), ApplyError> {
+    let step = || format!("set {name} {}", if up { "up" } else { "down" });
+    let mut nl = Netlink::open().map_err(|source| ApplyError {
+        step: step(),
+        source,
+    })?;
+    let mut m = link_msg(ifindex, if up { IFF_UP } else { 0 }, IFF_UP, None).into_bytes();
+    nl.request(&mut m).map_err(|source| ApplyError {
+        step: step(),
+        source,
+    })
+}
+
 pub fn bring_up(nic: &Nic) -> Result<LinkUp, LinkError> {
     if !nic.up {
-        let mut nl = Netlink::open().map_err(|e| {
-            LinkError::Apply(ApplyError {
-                step: "open netlink".into(),
-                source: e,
-            })
-        })?;
-        let mut m = link_msg(nic.ifindex, IFF_UP, IFF_UP, None).into_bytes();
-        nl.request(&mut m).map_err(|e| {
-            LinkError::Apply(ApplyError {
-                step: format!("set {} up", nic.name),
-                source: e,
-            })
-        })?;
+        set_up(nic.ifindex, &nic.name, true).map_err(LinkError::Apply)?;
     }
     Ok(LinkUp {
         ifindex: nic.ifindex,
@@ -205,16 +207,7 @@ impl LinkUp {
         if std::mem::replace(&mut self.done, true) || self.was_up {
             return Ok(());
         }
-        let err = |source| ApplyError {
-            step: format!("set {} down", self.name),
-            source,
-        };
-        let mut nl = Netlink::open().map_err(err)?;
-        let mut m = link_msg(self.ifindex, 0, IFF_UP, None).into_bytes();
-        nl.request(&mut m).map_err(|source| ApplyError {
-            step: format!("set {} down", self.name),
-            source,
-        })
+        set_up(self.ifindex, &self.name, false)
     }
 }
 
