@@ -84,13 +84,6 @@ pub fn main() -> ! {
     if cfg.disable {
         log::info!("azprov.disable: not provisioning");
     } else {
-        // Later boots on Azure have no CD attached: do not wait for one when the root is
-        // provisioned already (provision() makes the same check and returns at once).
-        let done =
-            crate::provision::run::already_provisioned(&Sysroot::new(SYSROOT), Path::new("/sys"));
-        if cfg.force || done.is_none() {
-            wait_for_cdrom();
-        }
         let opts = Options {
             root: PathBuf::from(SYSROOT),
             iface: cfg.iface.clone(),
@@ -103,6 +96,8 @@ pub fn main() -> ! {
             keep_network: cfg.keepnet,
             sys: "/sys".into(),
             dev: "/dev".into(),
+            // SCSI and ATA scans finish after their modules load
+            cdrom_settle: Duration::from_secs(2),
         };
         // A panic while provisioning is a failure like any other: the VM still boots.
         match std::panic::catch_unwind(|| provision(&opts)) {
@@ -313,19 +308,6 @@ fn find_init(cfg: &Config) -> Result<String, String> {
                 )
             }),
     }
-}
-
-/// Waits a moment for CD-ROM drives: SCSI and ATA scans finish after their modules load.
-fn wait_for_cdrom() {
-    let has_cdrom_driver =
-        Path::new("/sys/module/sr_mod").exists() || Path::new("/sys/module/cdrom").exists();
-    if !has_cdrom_driver {
-        return;
-    }
-    let deadline = crate::deadline::Deadline::after(Duration::from_secs(2));
-    while crate::azure::media::cdrom_devices(Path::new("/dev")).is_empty()
-        && deadline.sleep(Duration::from_millis(25))
-    {}
 }
 
 /// u-root's switch_root as named steps. Returns only on failure.

@@ -337,6 +337,7 @@ fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         keep_network: false,
         sys: "/sys".into(),
         dev: "/dev".into(),
+        cdrom_settle: Duration::ZERO,
     };
     let summary = provision(&opts);
     if a.has("json") {

@@ -52,6 +52,19 @@ pub fn cdrom_devices(dev: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The CD-ROM drives, waiting up to `bound` for one to show up when a CD-ROM driver is loaded
+/// (sysfs `module/sr_mod`) but its asynchronous scan has not produced a drive yet.
+pub fn wait_for_drives(dev: &Path, sys: &Path, bound: Duration) -> Vec<PathBuf> {
+    let driver = sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists();
+    let deadline = Deadline::after(if driver { bound } else { Duration::ZERO });
+    loop {
+        let drives = cdrom_devices(dev);
+        if !drives.is_empty() || !deadline.sleep(Duration::from_millis(25)) {
+            return drives;
+        }
+    }
+}
+
 /// A mounted disc, unmounted on drop.
 struct Mounted {
     at: PathBuf,
@@ -196,6 +209,30 @@ mod tests {
             .collect();
         assert_eq!(names, ["sr0", "sr1", "sr10"]);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn waits_for_drives_only_while_a_cdrom_driver_is_loaded() {
+        let base = std::env::temp_dir().join(format!("azprov-drives-{}", std::process::id()));
+        let (dev, sys) = (base.join("dev"), base.join("sys"));
+        fs::create_dir_all(&dev).unwrap();
+        fs::create_dir_all(&sys).unwrap();
+        let t = std::time::Instant::now();
+        assert!(wait_for_drives(&dev, &sys, Duration::from_secs(5)).is_empty());
+        assert!(t.elapsed() < Duration::from_secs(4), "no driver: no wait");
+        fs::create_dir_all(sys.join("module/sr_mod")).unwrap();
+        let t = std::time::Instant::now();
+        assert!(wait_for_drives(&dev, &sys, Duration::from_millis(200)).is_empty());
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "driver loaded: waited"
+        );
+        fs::write(dev.join("sr0"), b"").unwrap();
+        assert_eq!(
+            wait_for_drives(&dev, &sys, Duration::from_secs(5)),
+            [dev.join("sr0")]
+        );
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

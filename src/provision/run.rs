@@ -39,6 +39,9 @@ pub struct Options {
     /// Normally `/sys` and `/dev`; injected in tests.
     pub sys: PathBuf,
     pub dev: PathBuf,
+    /// How long to wait for a CD-ROM drive to appear when a CD-ROM driver is loaded but no
+    /// drive is there yet (PID 1, right after loading modules); zero in hook and tool mode.
+    pub cdrom_settle: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -126,7 +129,7 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
             (f.display().to_string(), b)
         }
         MediaSource::Devices(extra) => {
-            let drives = media::cdrom_devices(&opts.dev);
+            let drives = media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle);
             match media::read_ovf(&drives, extra, deadline) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Ok(None),
