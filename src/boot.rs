@@ -1,17 +1,18 @@
-//! PID 1 mode: the boot flow of DESIGN.md §2 as a list of stages. Provisioning itself is the
+//! PID 1 mode: the boot flow of docs/DESIGN.md §2 as a list of stages. Provisioning itself is the
 //! same code as `azprov provision --root`; this file adds what only an init does: early
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
-use crate::modules;
-use crate::provision::run::{provision, MediaSource, Options, Report};
+use crate::provision::run::{provision, Options, Report};
 use crate::provision::sysroot::Sysroot;
 use crate::sys::block;
-use crate::sys::init::{self as sysinit, Power};
-use crate::sys::mount;
+use crate::sys::modules;
+use crate::sys::mount::{self, MsFlags};
+use crate::sys::process::{self, Power};
+use crate::sys::switch_root::{switch_root, SwitchRootError};
+use crate::sys::Errno;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,15 +20,79 @@ pub const SYSROOT: &str = "/sysroot";
 const MODULES_LIST: &str = "/etc/azprov/modules";
 const CMDLINE_DEFAULTS: &str = "/etc/azprov/cmdline";
 const INIT_CANDIDATES: [&str; 4] = ["/sbin/init", "/etc/init", "/bin/init", "/bin/sh"];
+/// How long to wait for the root device without `rootdelay=`.
 const ROOT_WAIT_DEFAULT: Duration = Duration::from_secs(60);
+/// How often the root device scan runs while waiting.
+const ROOT_POLL: Duration = Duration::from_millis(50);
+/// Filesystems tried, in order, when neither `rootfstype=` nor the superblock names one.
+const ROOT_FS_FALLBACK: [&str; 3] = ["ext4", "xfs", "btrfs"];
 const DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+/// `fail_forever` repeats the reason this often: quickly at first, then every 30 s.
+const FAIL_REPEAT_FIRST: Duration = Duration::from_secs(3);
+const FAIL_REPEAT_LATER: Duration = Duration::from_secs(30);
+
+/// Why PID 1 cannot hand over to a real init.
+#[derive(Debug)]
+pub enum BootError {
+    NoRootParam,
+    RootTimeout {
+        spec: RootSpec,
+        waited: Duration,
+    },
+    /// The root device exists but no filesystem type mounted it.
+    RootMount {
+        dev: PathBuf,
+        spec: RootSpec,
+        errors: Vec<(String, Errno)>,
+    },
+    InitNotExecutable(String),
+    NoInit,
+    SwitchRoot {
+        init: String,
+        error: SwitchRootError,
+    },
+}
+
+impl std::fmt::Display for BootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootError::NoRootParam => write!(f, "no root= on the kernel command line"),
+            BootError::RootTimeout { spec, waited } => write!(
+                f,
+                "root device {spec} did not appear within {}s",
+                waited.as_secs()
+            ),
+            BootError::RootMount { dev, spec, errors } => {
+                write!(f, "cannot mount root {} ({spec}):", dev.display())?;
+                for (fstype, e) in errors {
+                    write!(f, " {fstype}: {e}")?;
+                }
+                Ok(())
+            }
+            BootError::InitNotExecutable(i) => {
+                write!(
+                    f,
+                    "init={i} is not an executable file in the root filesystem"
+                )
+            }
+            BootError::NoInit => write!(
+                f,
+                "no init in the root filesystem (tried {})",
+                INIT_CANDIDATES.join(", ")
+            ),
+            BootError::SwitchRoot { init, error } => {
+                write!(f, "switch_root to {init} failed: {error}")
+            }
+        }
+    }
+}
 
 /// An early mount: what, where, type, flags, data. Printed when it fails.
 struct EarlyMount {
     source: &'static str,
     target: &'static str,
     fstype: &'static str,
-    flags: libc::c_ulong,
+    flags: MsFlags,
     data: Option<&'static str>,
 }
 
@@ -36,100 +101,90 @@ const EARLY_MOUNTS: [EarlyMount; 4] = [
         source: "devtmpfs",
         target: "/dev",
         fstype: "devtmpfs",
-        flags: libc::MS_NOSUID,
+        flags: MsFlags::MS_NOSUID,
         data: Some("mode=0755"),
     },
     EarlyMount {
         source: "proc",
         target: "/proc",
         fstype: "proc",
-        flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        flags: MsFlags::MS_NOSUID
+            .union(MsFlags::MS_NODEV)
+            .union(MsFlags::MS_NOEXEC),
         data: None,
     },
     EarlyMount {
         source: "sysfs",
         target: "/sys",
         fstype: "sysfs",
-        flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        flags: MsFlags::MS_NOSUID
+            .union(MsFlags::MS_NODEV)
+            .union(MsFlags::MS_NOEXEC),
         data: None,
     },
     EarlyMount {
         source: "tmpfs",
         target: "/run",
         fstype: "tmpfs",
-        flags: libc::MS_NOSUID | libc::MS_NODEV,
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV),
         data: Some("mode=0755"),
     },
 ];
 
-/// The whole boot. Never returns: it execs the real init or follows `azprov.onfail`.
+/// The whole boot, as the stages of docs/DESIGN.md §2. Never returns: it execs the real init
+/// or follows `azprov.onfail`.
 pub fn main() -> ! {
     let t0 = Instant::now();
     let devkmsg = early_mounts();
     let cfg = load_config();
-    crate::log::init(cfg.log_level);
-    crate::log::Capture::install();
+    crate::logger::init(cfg.log_level);
+    crate::logger::Capture::install();
     log::info!("azprov {} as PID 1", crate::VERSION);
 
     let mut loader = load_modules(&cfg);
-    let root = match mount_root(&cfg, &mut loader) {
-        Ok(r) => r,
-        Err(reason) => fail_forever(&reason, cfg.onfail),
-    };
+    let root = mount_root(&cfg, &mut loader).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Check the handover target before provisioning writes anything into the root.
-    let init = match find_init(&cfg) {
-        Ok(i) => i,
-        Err(reason) => fail_forever(&reason, cfg.onfail),
-    };
-    if cfg.disable {
-        log::info!("azprov.disable: not provisioning");
-    } else {
-        let opts = Options {
-            root: PathBuf::from(SYSROOT),
-            iface: cfg.iface.clone(),
-            dhcp: true,
-            media: MediaSource::Devices(Vec::new()),
-            force: cfg.force,
-            timeout: cfg.timeout,
-            wireserver: cfg.wireserver,
-            imds: cfg.imds.clone(),
-            keep_network: cfg.keepnet,
-            sys: "/sys".into(),
-            dev: "/dev".into(),
-            // SCSI and ATA scans finish after their modules load
-            cdrom_settle: Duration::from_secs(2),
-        };
-        // A panic while provisioning is a failure like any other: the VM still boots.
-        match std::panic::catch_unwind(|| provision(&opts)) {
-            Ok(s) if s.report == Report::Failure => {
-                log::error!(
-                    "provisioning failed ({}); booting the real root for debugging",
-                    s.reason.unwrap_or_default()
-                )
-            }
-            Ok(_) => {}
-            Err(_) => log::error!("provisioning panicked; booting the real root"),
-        }
-    }
-    sysinit::reap();
+    let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    provision_root(&cfg);
+    process::reap();
     if cfg.read_only {
-        if let Err(e) = mount::mount(
-            Path::new(&root),
-            Path::new(SYSROOT),
-            "",
-            libc::MS_REMOUNT | libc::MS_RDONLY,
-            None,
-        ) {
-            log::warn!("remount {SYSROOT} read-only: {e}");
-        }
+        remount_read_only(&root);
     }
     log::info!(
         "handing over to {init} after {} ms",
         t0.elapsed().as_millis()
     );
     let _ = fs::write(DEVKMSG, devkmsg);
-    let err = switch_root(&init);
-    fail_forever(&format!("switch_root to {init} failed: {err}"), cfg.onfail)
+    // The kernel hands init's own arguments (words it did not recognise) to us: pass them on.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let error = switch_root(Path::new(SYSROOT), &init, &args);
+    fail_forever(&BootError::SwitchRoot { init, error }, cfg.onfail)
+}
+
+/// Provisions the mounted root unless disabled. A failure (a panic too) is reported and
+/// logged; the boot goes on into the real root so the VM stays reachable for debugging.
+fn provision_root(cfg: &Config) {
+    if cfg.disable {
+        log::info!("azprov.disable: not provisioning");
+        return;
+    }
+    let opts = Options::pid1(PathBuf::from(SYSROOT), cfg);
+    match std::panic::catch_unwind(|| provision(&opts)) {
+        Ok(s) if s.report == Report::Failure => log::error!(
+            "provisioning failed ({}); booting the real root for debugging",
+            s.reason.map_or("unknown", |r| r.as_str())
+        ),
+        Ok(_) => {}
+        Err(_) => log::error!("provisioning panicked; booting the real root"),
+    }
+}
+
+/// `ro` on the command line: the root goes back to read-only before handover.
+fn remount_read_only(dev: &Path) {
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    if let Err(e) = mount::mount(dev, Path::new(SYSROOT), "", flags, None) {
+        log::warn!("remount {SYSROOT} read-only: {e}");
+    }
 }
 
 /// Sets up /dev, /proc, /sys, /run and the logger; returns the printk_devkmsg value found.
@@ -144,7 +199,7 @@ fn early_mounts() -> String {
             m.data,
         ) {
             Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(Errno::EBUSY) => {}
             Err(e) => eprintln!(
                 "azprov: mount {} on {} ({}): {e}",
                 m.source, m.target, m.fstype
@@ -157,10 +212,10 @@ fn early_mounts() -> String {
     let devkmsg = fs::read_to_string(DEVKMSG).unwrap_or_else(|_| "ratelimit\n".into());
     let _ = fs::write(DEVKMSG, "on\n");
     match fs::OpenOptions::new().write(true).open("/dev/kmsg") {
-        Ok(k) => crate::log::set_output(crate::log::Output::Kmsg(k)),
+        Ok(k) => crate::logger::set_output(crate::logger::Output::Kmsg(k)),
         Err(_) => {
             if let Ok(c) = fs::OpenOptions::new().write(true).open("/dev/console") {
-                crate::log::set_output(crate::log::Output::Console(c));
+                crate::logger::set_output(crate::logger::Output::Console(c));
             }
         }
     }
@@ -230,11 +285,8 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
-fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, String> {
-    let spec = cfg
-        .root
-        .as_ref()
-        .ok_or("no root= on the kernel command line")?;
+fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<PathBuf, BootError> {
+    let spec = cfg.root.as_ref().ok_or(BootError::NoRootParam)?;
     let t = Instant::now();
     let bound = cfg.rootdelay.unwrap_or(ROOT_WAIT_DEFAULT);
     let deadline = crate::deadline::Deadline::after(bound);
@@ -242,11 +294,11 @@ fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, Stri
         if let Some(found) = find_root_device(spec) {
             break found;
         }
-        if !deadline.sleep(Duration::from_millis(50)) {
-            return Err(format!(
-                "root device {spec} did not appear within {}s",
-                bound.as_secs()
-            ));
+        if !deadline.sleep(ROOT_POLL) {
+            return Err(BootError::RootTimeout {
+                spec: spec.clone(),
+                waited: bound,
+            });
         }
     };
     let _ = fs::create_dir_all(SYSROOT);
@@ -254,7 +306,7 @@ fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, Stri
     let types: Vec<&str> = match (&cfg.rootfstype, probed) {
         (Some(t), _) => vec![t.as_str()],
         (None, Some(p)) => vec![p],
-        (None, None) => vec!["ext4", "xfs", "btrfs"],
+        (None, None) => ROOT_FS_FALLBACK.to_vec(),
     };
     let mut errors = Vec::new();
     for fstype in &types {
@@ -262,7 +314,7 @@ fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, Stri
             &dev,
             Path::new(SYSROOT),
             fstype,
-            0,
+            MsFlags::empty(),
             cfg.rootflags.as_deref(),
         ) {
             Ok(()) => {
@@ -271,20 +323,20 @@ fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<String, Stri
                     t.elapsed().as_millis(),
                     dev.display()
                 );
-                return Ok(dev.display().to_string());
+                return Ok(dev);
             }
-            Err(e) => errors.push(format!("{fstype}: {e}")),
+            Err(e) => errors.push((fstype.to_string(), e)),
         }
     }
-    Err(format!(
-        "cannot mount root {} ({spec}): {}",
-        dev.display(),
-        errors.join(", ")
-    ))
+    Err(BootError::RootMount {
+        dev,
+        spec: spec.clone(),
+        errors,
+    })
 }
 
 /// The init to exec, checked in the new root before anything is destroyed.
-fn find_init(cfg: &Config) -> Result<String, String> {
+fn find_init(cfg: &Config) -> Result<String, BootError> {
     let root = Sysroot::new(SYSROOT);
     let executable = |p: &str| {
         root.resolve_full(p)
@@ -294,88 +346,17 @@ fn find_init(cfg: &Config) -> Result<String, String> {
     };
     match &cfg.init {
         Some(i) if executable(i) => Ok(i.clone()),
-        Some(i) => Err(format!(
-            "init={i} is not an executable file in the root filesystem"
-        )),
+        Some(i) => Err(BootError::InitNotExecutable(i.clone())),
         None => INIT_CANDIDATES
             .iter()
             .find(|c| executable(c))
             .map(|c| c.to_string())
-            .ok_or_else(|| {
-                format!(
-                    "no init in the root filesystem (tried {})",
-                    INIT_CANDIDATES.join(", ")
-                )
-            }),
-    }
-}
-
-/// u-root's switch_root as named steps. Returns only on failure.
-fn switch_root(init: &str) -> std::io::Error {
-    let new = Path::new(SYSROOT);
-    match (sysinit::device_of(new), sysinit::device_of(Path::new("/"))) {
-        (Ok(a), Ok(b)) if a != b => {}
-        (Ok(_), Ok(_)) => return std::io::Error::other(format!("{SYSROOT} is not a mount point")),
-        (Err(e), _) | (_, Err(e)) => return e,
-    }
-    for dir in ["/dev", "/proc", "/sys", "/run"] {
-        let target = new.join(dir.trim_start_matches('/'));
-        if target.is_dir() {
-            if let Err(e) = mount::mount(Path::new(dir), &target, "", libc::MS_MOVE, None) {
-                log::warn!("move {dir} into the root: {e}");
-            }
-        } else {
-            log::warn!("{} is missing; unmounting {dir}", target.display());
-            let _ = mount::umount(Path::new(dir), libc::MNT_DETACH);
-        }
-    }
-    if let Err(e) = sysinit::chdir(new) {
-        return e;
-    }
-    // Free the initramfs memory: delete its files, never crossing into another filesystem.
-    if let Ok(rootdev) = sysinit::device_of(Path::new("/")) {
-        delete_tree(Path::new("/"), rootdev);
-    }
-    if let Err(e) = mount::mount(Path::new("."), Path::new("/"), "", libc::MS_MOVE, None) {
-        return e;
-    }
-    if let Err(e) = sysinit::chroot(Path::new(".")) {
-        return e;
-    }
-    if let Err(e) = sysinit::chdir(Path::new("/")) {
-        return e;
-    }
-    // The kernel hands init's own arguments (words it did not recognise) to us: pass them on.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    std::process::Command::new(init)
-        .arg0(init)
-        .args(args)
-        .exec()
-}
-
-fn delete_tree(dir: &Path, dev: u64) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.filter_map(|e| e.ok()) {
-        let p = e.path();
-        let Ok(md) = fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if std::os::unix::fs::MetadataExt::dev(&md) != dev {
-            continue; // a mount point: /sysroot and the moved API filesystems
-        }
-        if md.is_dir() {
-            delete_tree(&p, dev);
-            let _ = fs::remove_dir(&p);
-        } else {
-            let _ = fs::remove_file(&p);
-        }
+            .ok_or(BootError::NoInit),
     }
 }
 
 /// No root to boot: say why, every few seconds, then follow `azprov.onfail`.
-pub fn fail_forever(reason: &str, onfail: OnFail) -> ! {
+pub fn fail_forever(reason: &dyn std::fmt::Display, onfail: OnFail) -> ! {
     let mut round = 0u32;
     loop {
         // kmsg records at error priority reach the console whatever the loglevel
@@ -387,12 +368,16 @@ pub fn fail_forever(reason: &str, onfail: OnFail) -> ! {
                 OnFail::Poweroff => Some(Power::PowerOff),
             };
             if let Some(how) = how {
-                let e = sysinit::power(how);
+                let e = process::power(how);
                 log::error!("{how:?}: {e}");
             }
         }
-        sysinit::reap();
-        let pause = Duration::from_secs(if round < 3 { 3 } else { 30 });
+        process::reap();
+        let pause = if round < 3 {
+            FAIL_REPEAT_FIRST
+        } else {
+            FAIL_REPEAT_LATER
+        };
         crate::deadline::Deadline::after(pause).sleep(pause);
         round = round.saturating_add(1);
     }

@@ -5,6 +5,48 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// The whole provisioning run's bound unless `azprov.timeout=`/`--timeout` says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A command line word azprov refused; the word is skipped and the boot goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `KEY` alone where `KEY=VALUE` is needed.
+    NeedsValue(String),
+    /// `KEY=VALUE` with a value of the wrong form; `expected` says the right one.
+    BadValue {
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
+    /// An `azprov.` parameter azprov does not know.
+    Unknown(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::NeedsValue(k) => write!(f, "{k} needs a value"),
+            ConfigError::BadValue {
+                key,
+                value,
+                expected,
+            } => write!(f, "{key}={value}: expected {expected}"),
+            ConfigError::Unknown(k) => write!(f, "unknown parameter {k}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn bad(key: &str, value: &str, expected: &'static str) -> ConfigError {
+    ConfigError::BadValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        expected,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootSpec {
     Dev(String),
@@ -27,25 +69,22 @@ impl std::fmt::Display for RootSpec {
 }
 
 impl RootSpec {
-    pub fn parse(v: &str) -> Result<RootSpec, String> {
+    pub fn parse(v: &str) -> Result<RootSpec, ConfigError> {
+        const FORMS: &str = "/dev/NAME, UUID=, PARTUUID=, LABEL= or PARTLABEL=";
         let (kind, val) = match v.split_once('=') {
             Some((k, val)) => (k, val),
             None if v.starts_with('/') => return Ok(RootSpec::Dev(v.to_string())),
-            None => {
-                return Err(format!(
-                    "root={v}: expected /dev/NAME, UUID=, PARTUUID=, LABEL= or PARTLABEL="
-                ))
-            }
+            None => return Err(bad("root", v, FORMS)),
         };
         if val.is_empty() {
-            return Err(format!("root={v}: empty {kind}"));
+            return Err(bad("root", v, "a value after the kind"));
         }
         Ok(match kind {
             "UUID" => RootSpec::Uuid(val.to_ascii_lowercase()),
             "PARTUUID" => RootSpec::PartUuid(val.to_ascii_lowercase()),
             "LABEL" => RootSpec::Label(val.to_string()),
             "PARTLABEL" => RootSpec::PartLabel(val.to_string()),
-            _ => return Err(format!("root={v}: unknown kind {kind}")),
+            _ => return Err(bad("root", v, FORMS)),
         })
     }
 }
@@ -90,7 +129,7 @@ impl Default for Config {
             rootwait: false,
             rootdelay: None,
             iface: None,
-            timeout: Duration::from_secs(300),
+            timeout: DEFAULT_TIMEOUT,
             wireserver: None,
             imds: crate::azure::imds::DEFAULT_BASE.to_string(),
             force: false,
@@ -137,7 +176,7 @@ impl Config {
     /// Applies the words of one command line on top of `self` (later words win, so the
     /// defaults file goes first and /proc/cmdline second). A bad word is reported and skipped:
     /// a typo in one parameter must not make the VM unbootable.
-    pub fn apply(&mut self, cmdline: &str) -> Vec<String> {
+    pub fn apply(&mut self, cmdline: &str) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         for word in split(cmdline) {
             if word == "--" {
@@ -150,7 +189,7 @@ impl Config {
         errors
     }
 
-    fn apply_word(&mut self, word: &str) -> Result<(), String> {
+    fn apply_word(&mut self, word: &str) -> Result<(), ConfigError> {
         {
             let (key, value) = match word.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
@@ -158,7 +197,7 @@ impl Config {
             };
             let need = |v: Option<&str>| {
                 v.map(str::to_string)
-                    .ok_or_else(|| format!("{key} needs a value"))
+                    .ok_or_else(|| ConfigError::NeedsValue(key.to_string()))
             };
             match key {
                 "root" => self.root = Some(RootSpec::parse(&need(value)?)?),
@@ -171,24 +210,26 @@ impl Config {
                 "rootdelay" => {
                     let v = need(value)?;
                     self.rootdelay = Some(Duration::from_secs(
-                        v.parse()
-                            .map_err(|_| format!("rootdelay={v}: not a number"))?,
+                        v.parse().map_err(|_| bad(key, &v, "whole seconds"))?,
                     ));
                 }
                 "azprov.iface" => self.iface = Some(need(value)?),
                 "azprov.timeout" => {
                     let v = need(value)?;
-                    self.timeout = crate::cli::parse_secs(&v)
-                        .ok_or_else(|| format!("azprov.timeout={v}: not seconds"))?;
+                    self.timeout =
+                        crate::time::parse_secs(&v).ok_or_else(|| bad(key, &v, "seconds"))?;
                 }
                 "azprov.wireserver" => {
-                    self.wireserver =
-                        Some(crate::azure::wireserver::parse_endpoint(&need(value)?)?);
+                    let v = need(value)?;
+                    self.wireserver = Some(
+                        crate::azure::wireserver::parse_endpoint(&v)
+                            .map_err(|_| bad(key, &v, "IP or IP:PORT"))?,
+                    );
                 }
                 "azprov.imds" => {
                     let v = need(value)?;
                     if !v.starts_with("http://") {
-                        return Err(format!("azprov.imds={v}: expected an http:// URL"));
+                        return Err(bad(key, &v, "an http:// URL"));
                     }
                     self.imds = v;
                 }
@@ -197,19 +238,15 @@ impl Config {
                 "azprov.keepnet" => self.keepnet = flag(key, value)?,
                 "azprov.log" => {
                     let v = need(value)?;
-                    self.log_level = crate::log::parse_level(&v)
-                        .ok_or_else(|| format!("azprov.log={v}: expected debug, info or warn"))?;
+                    self.log_level = crate::logger::parse_level(&v)
+                        .ok_or_else(|| bad(key, &v, "debug, info or warn"))?;
                 }
                 "azprov.onfail" => {
                     self.onfail = match need(value)?.as_str() {
                         "halt" => OnFail::Halt,
                         "reboot" => OnFail::Reboot,
                         "poweroff" => OnFail::Poweroff,
-                        v => {
-                            return Err(format!(
-                                "azprov.onfail={v}: expected halt, reboot or poweroff"
-                            ))
-                        }
+                        v => return Err(bad(key, v, "halt, reboot or poweroff")),
                     }
                 }
                 "azprov.modules" => {
@@ -220,7 +257,7 @@ impl Config {
                             .map(str::to_string),
                     );
                 }
-                k if k.starts_with("azprov.") => return Err(format!("unknown parameter {k}")),
+                k if k.starts_with("azprov.") => return Err(ConfigError::Unknown(k.to_string())),
                 _ => {}
             }
         }
@@ -229,16 +266,16 @@ impl Config {
 }
 
 /// `azprov.force` alone, or `=1/0/yes/no/true/false`.
-fn flag(key: &str, value: Option<&str>) -> Result<bool, String> {
+fn flag(key: &str, value: Option<&str>) -> Result<bool, ConfigError> {
     match value {
         None | Some("1" | "yes" | "true" | "on") => Ok(true),
         Some("0" | "no" | "false" | "off") => Ok(false),
-        Some(v) => Err(format!("{key}={v}: expected a boolean")),
+        Some(v) => Err(bad(key, v, "a boolean")),
     }
 }
 
 /// The defaults file, then the kernel's command line; with the words that were refused.
-pub fn load(defaults: Option<&str>, cmdline: &str) -> (Config, Vec<String>) {
+pub fn load(defaults: Option<&str>, cmdline: &str) -> (Config, Vec<ConfigError>) {
     let mut c = Config::default();
     let mut errors = Vec::new();
     if let Some(d) = defaults {

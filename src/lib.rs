@@ -1,8 +1,11 @@
 //! azprov: provision an Azure Linux VM from the initramfs with no agent in the image.
 //!
-//! Layers, bottom up: `sys` (the only unsafe code), `azure` (wire formats and the one HTTP
-//! client), `cli` (the subcommands). DESIGN.md §5 has the map.
+//! Layers, bottom up: `sys` (the kernel interfaces, the only unsafe code), `net` (DHCP and
+//! the link), `azure` (wire formats and the one HTTP client), `provision` (the data, the
+//! writes into the root, the run), `boot` (PID 1) and `cli` (the subcommands). A layer never
+//! imports one above it. docs/DESIGN.md §5 has the map.
 
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(
@@ -32,11 +35,11 @@ pub mod boot;
 pub mod cli;
 pub mod config;
 pub mod deadline;
-pub mod log;
-pub mod modules;
+pub mod logger;
 pub mod net;
 pub mod provision;
 pub mod secret;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod time;
 

@@ -5,17 +5,17 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    azprov::log::init(log::LevelFilter::Info);
+    azprov::logger::init(log::LevelFilter::Info);
     // A panic is a bug; report it as one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         log::error!("internal error: {info}");
     }));
-    if azprov::sys::init::getpid() == 1 {
+    if azprov::sys::process::getpid() == 1 {
         // boot::main handles panics during provisioning itself; anything else ends here.
         let r = std::panic::catch_unwind(|| azprov::boot::main());
         let _ = r;
         azprov::boot::fail_forever(
-            "internal error in the boot flow",
+            &"internal error in the boot flow",
             azprov::config::OnFail::Halt,
         );
     }

@@ -1,6 +1,13 @@
-//! RFC 3339 timestamps without a date crate.
+//! RFC 3339 timestamps without a date crate, and seconds as the CLI and the kernel command
+//! line write them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Seconds as `30` or `2.5`; positive, finite and below 10^9 (about 31 years).
+pub fn parse_secs(s: &str) -> Option<Duration> {
+    let v: f64 = s.parse().ok()?;
+    (v.is_finite() && v > 0.0 && v < 1e9).then(|| Duration::from_secs_f64(v))
+}
 
 /// `2026-11-30T15:19:55Z` for the given time (UTC).
 pub fn rfc3339(t: SystemTime) -> String {

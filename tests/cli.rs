@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 const FIX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
 fn azprov(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_azprov"))
+    Command::new(bin())
         .args(args)
         // A proxy that would swallow every request: azprov must ignore it.
         .env("HTTP_PROXY", "http://127.0.0.1:9")

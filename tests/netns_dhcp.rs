@@ -16,10 +16,12 @@ fn json(o: &std::process::Output) -> Value {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn keep_leaves_the_lease_configured_as_dnsmasq_sent_it() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let mut net = Net::new();
     net.dnsmasq(&[]);
     let v = json(&net.azprov(&[
@@ -105,10 +107,12 @@ fn keep_leaves_the_lease_configured_as_dnsmasq_sent_it() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn without_keep_nothing_is_left() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let mut net = Net::new();
     net.dnsmasq(&[]);
     let before = net.vm_link();
@@ -122,10 +126,12 @@ fn without_keep_nothing_is_left() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn no_server_times_out_cleanly() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let net = Net::new();
     let o = net.azprov(&["dhcp", "--iface", "vm0", "--timeout", "3"]);
     assert_eq!(o.status.code(), Some(1));
@@ -144,10 +150,12 @@ fn no_server_times_out_cleanly() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_nak_for_the_first_request_restarts_and_binds() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let mut net = Net::new();
     let log = net.script_server("10.42.0.2", "10.42.0.77", &["--nak-first"]);
     let v = json(&net.azprov(&["dhcp", "--iface", "vm0", "--json", "--timeout", "20"]));
@@ -168,10 +176,12 @@ fn a_nak_for_the_first_request_restarts_and_binds() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn the_first_offer_wins_over_a_slower_server() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let mut net = Net::new();
     net.dnsmasq(&[]);
     let slow = net.script_server("10.42.0.3", "10.42.0.99", &["--delay", "1.0"]);

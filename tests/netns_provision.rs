@@ -44,9 +44,27 @@ fn setup(doc: Value, playbook: Value, fabric_args: &[&str]) -> (Net, std::path::
     (net, root)
 }
 
+/// The VM's DMI directory: empty (no product_uuid), so the VM id comes from IMDS and the
+/// tests do not depend on the host's own DMI tables.
+fn dmi(net: &Net) -> String {
+    let d = net.path("dmi");
+    fs::create_dir_all(&d).unwrap();
+    d.display().to_string()
+}
+
 fn provision(net: &Net, root: &Path, extra: &[&str]) -> (Output, Value) {
     let r = root.to_str().unwrap();
-    let mut args = vec!["provision", "--root", r, "--iface", "vm0", "--json"];
+    let dmi = dmi(net);
+    let mut args = vec![
+        "provision",
+        "--root",
+        r,
+        "--iface",
+        "vm0",
+        "--json",
+        "--dmi",
+        &dmi,
+    ];
     if !extra.contains(&"--timeout") {
         args.extend(["--timeout", "20"]);
     }
@@ -83,10 +101,12 @@ fn stderr(o: &Output) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let (net, root) = setup(doc("vm-prov-1", "azureuser"), json!([]), &[]);
     let (o, v) = provision(&net, &root, &["--ovf", OVF]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -237,10 +257,12 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn imds_only_without_media() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let (net, root) = setup(doc("vm-imds-only", "imdsuser"), json!([]), &[]);
     let (o, v) = provision(&net, &root, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -259,10 +281,12 @@ fn imds_only_without_media() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn imds_429_three_times_then_200() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let pb = json!([{"endpoint": "imds", "requests": [1, 2, 3], "status": 429}]);
     let (net, root) = setup(doc("vm-429", "azureuser"), pb, &[]);
     let (o, v) = provision(&net, &root, &[]);
@@ -278,10 +302,12 @@ fn imds_429_three_times_then_200() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn imds_down_for_good_provisions_from_ovf_and_reports_ready() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let pb = json!([{"endpoint": "imds", "requests": "*", "status": 503}]);
     let (net, root) = setup(doc("unused", "unused"), pb, &[]);
     let (o, v) = provision(&net, &root, &["--ovf", OVF, "--timeout", "8"]);
@@ -310,10 +336,12 @@ fn imds_down_for_good_provisions_from_ovf_and_reports_ready() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn nothing_usable_reports_not_ready_with_both_causes() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let pb = json!([{"endpoint": "imds", "requests": "*", "status": 503}]);
     let (net, root) = setup(doc("unused", "unused"), pb, &[]);
     let (o, v) = provision(&net, &root, &["--timeout", "6"]);
@@ -338,10 +366,12 @@ fn nothing_usable_reports_not_ready_with_both_causes() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_stale_incarnation_gets_410_and_is_posted_again_fresh() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     // the incarnation moves on right after the goal state fetched for the POST
     let (net, root) = setup(
         doc("vm-410", "azureuser"),
@@ -360,10 +390,12 @@ fn a_stale_incarnation_gets_410_and_is_posted_again_fresh() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_symlinked_ssh_dir_is_refused() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let (net, root) = setup(doc("vm-link", "azureuser"), json!([]), &[]);
     fs::write(
         root.join("etc/passwd"),
@@ -404,14 +436,16 @@ fn listing(dir: &Path) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_read_only_root_reports_not_ready() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let (net, root) = setup(doc("vm-ro", "azureuser"), json!([]), &[]);
     let r = root.to_str().unwrap();
     // bind-mount read-only inside the VM namespace's own mount namespace
-    let script = format!("mount --bind {r} {r} && mount -o remount,bind,ro {r} && exec {} provision --root {r} --iface vm0 --json --timeout 20", env!("CARGO_BIN_EXE_azprov"));
+    let script = format!("mount --bind {r} {r} && mount -o remount,bind,ro {r} && exec {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {}", common::bin(), dmi(&net));
     let o = net.in_vm(&[
         "unshare",
         "--mount",
@@ -436,10 +470,12 @@ fn a_read_only_root_reports_not_ready() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_second_run_with_the_marker_makes_no_network_request() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let (net, root) = setup(doc("vm-twice", "azureuser"), json!([]), &[]);
     let (o, _) = provision(&net, &root, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -470,10 +506,12 @@ fn a_second_run_with_the_marker_makes_no_network_request() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn bad_hostname_and_system_usernames_are_refused_with_a_reason() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     for (host, user, reason) in [
         ("bad_host!", "azureuser", "invalid hostname"),
         ("vm-ok", "root", "invalid username"),
@@ -495,10 +533,12 @@ fn bad_hostname_and_system_usernames_are_refused_with_a_reason() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn no_dhcp_server_fails_with_the_lease_reason_and_leaves_the_root_alone() {
-    if !privileged() {
-        return;
-    }
+    require_privileges();
     let mut net = Net::new();
     net.fabric(&doc("vm-nodhcp", "azureuser"), &json!([]), &[]);
     let root = net.seed_root();

@@ -1,5 +1,5 @@
 //! The one HTTP client: plain HTTP/1.1 through ureq, never a proxy, bounded bodies, and the
-//! retry classes of DESIGN.md §4 inside one deadline.
+//! retry classes of docs/DESIGN.md §4 inside one deadline.
 
 use crate::deadline::{jitter, Backoff, Deadline};
 use std::fmt;
@@ -15,10 +15,22 @@ pub enum Class {
     WireServer,
 }
 
+/// Why no HTTP answer came: the IMDS reasons tell a timeout from a connection error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Timeout,
+    /// Refused, unreachable, reset, or another I/O error.
+    Connect,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpError {
-    /// No HTTP answer: refused, unreachable, reset, timed out.
-    Transport { url: String, detail: String },
+    /// No HTTP answer: refused, unreachable, reset, timed out. `detail` is ureq's word.
+    Transport {
+        url: String,
+        kind: TransportKind,
+        detail: String,
+    },
     /// An answer outside 2xx.
     Status { url: String, status: u16 },
     /// The body is larger than the client accepts.
@@ -60,7 +72,7 @@ impl HttpError {
 impl fmt::Display for HttpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HttpError::Transport { url, detail } => write!(f, "{url}: {detail}"),
+            HttpError::Transport { url, detail, .. } => write!(f, "{url}: {detail}"),
             HttpError::Status { url, status } => write!(f, "{url}: HTTP status {status}"),
             HttpError::TooLarge { url, limit } => {
                 write!(f, "{url}: response larger than {limit} bytes")
@@ -109,7 +121,7 @@ impl Client {
     pub fn new() -> Self {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             // IMDS and the WireServer must be reached directly; HTTP_PROXY and friends are
-            // ignored (reference/azure-protocol.md §2.1).
+            // ignored (docs/DESIGN.md §4).
             .proxy(None)
             .http_status_as_error(false)
             .max_redirects(0)
@@ -128,12 +140,12 @@ impl Client {
 
     /// Sends `req` until it succeeds and `parse` accepts the body, a fatal error occurs, or
     /// the deadline passes. Returns the parsed value.
-    pub fn fetch<T>(
+    pub fn fetch<T, E: fmt::Display>(
         &self,
         class: Class,
         req: &Request,
         deadline: Deadline,
-        parse: impl Fn(&[u8]) -> Result<T, String>,
+        parse: impl Fn(&[u8]) -> Result<T, E>,
     ) -> Result<T, HttpError> {
         let mut attempt: u32 = 0;
         loop {
@@ -141,9 +153,9 @@ impl Client {
             let err = match self.send_once(req, deadline) {
                 Ok(body) => match parse(&body) {
                     Ok(v) => return Ok(v),
-                    Err(detail) => HttpError::Invalid {
+                    Err(e) => HttpError::Invalid {
                         url: req.url.to_string(),
-                        detail,
+                        detail: e.to_string(),
                     },
                 },
                 Err(e) => e,
@@ -170,6 +182,7 @@ impl Client {
         if total.is_zero() {
             return Err(HttpError::Transport {
                 url,
+                kind: TransportKind::Timeout,
                 detail: "deadline passed".into(),
             });
         }
@@ -221,15 +234,19 @@ impl Client {
 }
 
 fn transport(url: &str, e: ureq::Error) -> HttpError {
-    let detail = match e {
-        ureq::Error::Timeout(t) => format!("timed out ({t})"),
-        ureq::Error::ConnectionFailed => "connection failed".to_string(),
-        ureq::Error::HostNotFound => "host not found".to_string(),
-        ureq::Error::Io(io) => io.to_string(),
-        other => other.to_string(),
+    let (kind, detail) = match e {
+        ureq::Error::Timeout(t) => (TransportKind::Timeout, format!("timed out ({t})")),
+        ureq::Error::ConnectionFailed => (TransportKind::Connect, "connection failed".to_string()),
+        ureq::Error::HostNotFound => (TransportKind::Connect, "host not found".to_string()),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+            (TransportKind::Timeout, io.to_string())
+        }
+        ureq::Error::Io(io) => (TransportKind::Connect, io.to_string()),
+        other => (TransportKind::Connect, other.to_string()),
     };
     HttpError::Transport {
         url: url.to_string(),
+        kind,
         detail,
     }
 }
@@ -261,6 +278,7 @@ mod tests {
         }
         let t = HttpError::Transport {
             url: "u".into(),
+            kind: TransportKind::Connect,
             detail: "refused".into(),
         };
         assert!(t.retryable(Class::Imds) && t.retryable(Class::WireServer));

@@ -1,4 +1,4 @@
-//! The IMDS instance document (reference/azure-protocol.md §2). Every primitive arrives as a
+//! The IMDS instance document (docs/DESIGN.md §4). Every primitive arrives as a
 //! string (`"true"`); keys may carry CR/LF; userData is base64.
 
 use super::http::{Class, Client, HttpError, Method, Request};
@@ -103,44 +103,81 @@ enum Flag {
 }
 
 impl Flag {
-    fn get(&self) -> Result<Option<bool>, String> {
+    fn get(&self) -> Result<Option<bool>, &'static str> {
         match self {
             Flag::Bool(b) => Ok(Some(*b)),
             Flag::Text(t) if t.is_empty() => Ok(None),
             Flag::Text(t) if t.eq_ignore_ascii_case("true") => Ok(Some(true)),
             Flag::Text(t) if t.eq_ignore_ascii_case("false") => Ok(Some(false)),
-            Flag::Text(t) => Err(format!("expected \"true\" or \"false\", got {t:?}")),
+            Flag::Text(_) => Err("expected \"true\" or \"false\""),
         }
     }
 }
+
+/// Why an IMDS document was refused. Never holds a value from it: userData could be one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImdsError {
+    /// Not JSON of the expected shape, at this position.
+    NotJson {
+        line: usize,
+        column: usize,
+        class: serde_json::error::Category,
+    },
+    /// A key whose value is missing or malformed (`compute.vmId`, `userData`, …).
+    BadKey {
+        key: &'static str,
+        why: &'static str,
+    },
+}
+
+impl std::fmt::Display for ImdsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImdsError::NotJson {
+                line,
+                column,
+                class,
+            } => write!(
+                f,
+                "invalid IMDS document (line {line} column {column}): {class:?}"
+            ),
+            ImdsError::BadKey { key, why } => {
+                write!(f, "invalid IMDS metadata for key={key}: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ImdsError {}
 
 fn non_empty(v: Option<String>) -> Option<String> {
     v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 /// Parses the instance document.
-pub fn parse(bytes: &[u8]) -> Result<Imds, String> {
+pub fn parse(bytes: &[u8]) -> Result<Imds, ImdsError> {
     // serde_json's messages quote at most a token, never a whole value; but userData could be
-    // that token, so the message is reduced to its position.
-    let doc: Doc = serde_json::from_slice(bytes).map_err(|e| {
-        format!(
-            "invalid IMDS document (line {} column {}): {:?}",
-            e.line(),
-            e.column(),
-            e.classify()
-        )
+    // that token, so the error keeps only its position.
+    let doc: Doc = serde_json::from_slice(bytes).map_err(|e| ImdsError::NotJson {
+        line: e.line(),
+        column: e.column(),
+        class: e.classify(),
     })?;
     let c = doc.compute;
     if c.vm_id.trim().is_empty() {
-        return Err("invalid IMDS metadata for key=compute.vmId".into());
+        return Err(ImdsError::BadKey {
+            key: "compute.vmId",
+            why: "empty",
+        });
     }
     let (admin_username, computer_name, disable_password_auth) = match c.os_profile {
         Some(p) => (
             non_empty(p.admin_username),
             non_empty(p.computer_name),
             match p.disable_password_authentication {
-                Some(f) => f.get().map_err(|e| {
-                    format!("invalid IMDS metadata for key=osProfile.disablePasswordAuthentication: {e}")
+                Some(f) => f.get().map_err(|why| ImdsError::BadKey {
+                    key: "osProfile.disablePasswordAuthentication",
+                    why,
                 })?,
                 None => None,
             },
@@ -167,7 +204,10 @@ pub fn parse(bytes: &[u8]) -> Result<Imds, String> {
             let compact: String = b64.chars().filter(|c| !c.is_ascii_whitespace()).collect();
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(compact.as_bytes())
-                .map_err(|_| "invalid IMDS metadata for key=userData: not base64".to_string())?;
+                .map_err(|_| ImdsError::BadKey {
+                    key: "userData",
+                    why: "not base64",
+                })?;
             Some(Secret::new(bytes))
         }
         None => None,
@@ -257,12 +297,20 @@ mod tests {
     #[test]
     fn refusals() {
         assert!(parse(b"").is_err());
-        assert!(parse(b"{\"compute\": {}}").unwrap_err().contains("vmId"));
+        assert!(matches!(
+            parse(b"{\"compute\": {}}").unwrap_err(),
+            ImdsError::BadKey {
+                key: "compute.vmId",
+                ..
+            }
+        ));
         assert!(parse(b"{\"compute\": {\"vmId\": \"x\", \"osProfile\": {\"disablePasswordAuthentication\": \"maybe\"}}}").is_err());
-        assert!(
-            parse(b"{\"compute\": {\"vmId\": \"x\", \"userData\": \"!!\"}}")
-                .unwrap_err()
-                .contains("userData")
+        assert_eq!(
+            parse(b"{\"compute\": {\"vmId\": \"x\", \"userData\": \"!!\"}}").unwrap_err(),
+            ImdsError::BadKey {
+                key: "userData",
+                why: "not base64"
+            }
         );
         // a truncated body (the fabric's fault playbook cuts bodies) is an error, not a panic
         let full = fixture!("imds", "full.json");

@@ -1,8 +1,9 @@
-//! The provisioning CD (reference/azure-protocol.md §3.4): find CD-ROM drives, mount the disc
+//! The provisioning CD (docs/DESIGN.md §4): find CD-ROM drives, mount the disc
 //! read-only (udf, then iso9660) with mount(2), read ovf-env.xml, and always unmount.
 
 use crate::deadline::Deadline;
-use crate::sys::mount::{self, DriveStatus};
+use crate::sys::mount::{self, DriveStatus, MntFlags, MsFlags};
+use crate::sys::Errno;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,28 +13,39 @@ pub const MOUNT_POINT: &str = "/run/azprov/media";
 const FS_TYPES: [&str; 2] = ["udf", "iso9660"];
 const OVF_MAX: u64 = 1 << 20;
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MediaError {
-    /// Every drive with a disc failed to mount (e.g. no udf in a hardened kernel).
+    /// A drive with a disc failed to mount with every type (e.g. no udf in a hardened
+    /// kernel): the errno of each attempt, in `FS_TYPES` order.
     Mount {
-        device: String,
-        detail: String,
+        device: PathBuf,
+        errors: Vec<(&'static str, Errno)>,
     },
     Read {
-        device: String,
-        detail: String,
+        device: PathBuf,
+        errno: Errno,
     },
-    MountPoint(String),
+    MountPoint(Errno),
 }
 
 impl std::fmt::Display for MediaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MediaError::Mount { device, detail } => write!(f, "cannot mount {device}: {detail}"),
-            MediaError::Read { device, detail } => {
-                write!(f, "cannot read ovf-env.xml on {device}: {detail}")
+            MediaError::Mount { device, errors } => {
+                write!(f, "cannot mount {}:", device.display())?;
+                for (fstype, e) in errors {
+                    write!(f, " {fstype}: {e}")?;
+                }
+                Ok(())
             }
-            MediaError::MountPoint(d) => write!(f, "mount point {MOUNT_POINT}: {d}"),
+            MediaError::Read { device, errno } => {
+                write!(
+                    f,
+                    "cannot read ovf-env.xml on {}: {errno}",
+                    device.display()
+                )
+            }
+            MediaError::MountPoint(e) => write!(f, "mount point {MOUNT_POINT}: {e}"),
         }
     }
 }
@@ -72,21 +84,21 @@ struct Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Err(e) = mount::umount(&self.at, 0) {
+        if let Err(e) = mount::umount(&self.at, MntFlags::empty()) {
             log::warn!("unmount {}: {e}; detaching", self.at.display());
-            let _ = mount::umount(&self.at, libc::MNT_DETACH);
+            let _ = mount::umount(&self.at, MntFlags::MNT_DETACH);
         }
     }
 }
 
-fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), String> {
+fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), MediaError> {
     let mut errors = Vec::new();
     for fstype in FS_TYPES {
         match mount::mount(
             device,
             at,
             fstype,
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             None,
         ) {
             Ok(()) => {
@@ -97,10 +109,13 @@ fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), String
                     fstype,
                 ))
             }
-            Err(e) => errors.push(format!("{fstype}: {e}")),
+            Err(e) => errors.push((fstype, e)),
         }
     }
-    Err(errors.join(", "))
+    Err(MediaError::Mount {
+        device: device.to_path_buf(),
+        errors,
+    })
 }
 
 /// Reads ovf-env.xml from the first drive that has it. `drives` are checked with the CD-ROM
@@ -115,7 +130,7 @@ pub fn read_ovf(
         return Ok(None);
     }
     let at = Path::new(MOUNT_POINT);
-    fs::create_dir_all(at).map_err(|e| MediaError::MountPoint(e.to_string()))?;
+    fs::create_dir_all(at).map_err(|e| MediaError::MountPoint(crate::sys::errno_of(&e)))?;
     let _ = fs::set_permissions(at, std::os::unix::fs::PermissionsExt::from_mode(0o700));
     let mut last_err = None;
     let candidates = drives
@@ -129,12 +144,9 @@ pub fn read_ovf(
         }
         let (guard, fstype) = match mount_any(device, at) {
             Ok(m) => m,
-            Err(detail) => {
-                log::debug!("{name}: {detail}");
-                last_err = Some(MediaError::Mount {
-                    device: name,
-                    detail,
-                });
+            Err(e) => {
+                log::debug!("{e}");
+                last_err = Some(e);
                 continue;
             }
         };
@@ -153,8 +165,8 @@ pub fn read_ovf(
             }
             Err(e) => {
                 last_err = Some(MediaError::Read {
-                    device: name,
-                    detail: e.to_string(),
+                    device: device.clone(),
+                    errno: crate::sys::errno_of(&e),
                 })
             }
         }

@@ -1,8 +1,9 @@
-//! ovf-env.xml from the provisioning CD (reference/azure-protocol.md §3).
+//! ovf-env.xml from the provisioning CD (docs/DESIGN.md §4).
 //!
 //! Matched by namespace URI and local name: real files use `wa:`, `ns1:`, the default
 //! namespace, and mixes of them. The password is held as a [`Secret`] and never printed.
 
+use super::reason::Reason;
 use super::xml::{self, Element};
 use super::WA_NS;
 use crate::secret::Secret;
@@ -68,11 +69,11 @@ impl fmt::Display for OvfError {
 impl std::error::Error for OvfError {}
 
 impl OvfError {
-    /// The fixed reason string for a NotReady report.
-    pub fn reason(&self) -> &'static str {
+    /// What Azure is told.
+    pub fn reason(&self) -> Reason {
         match self {
-            OvfError::PasswordTooLong(_) => "unsupported password length",
-            _ => "error parsing ovf-env.xml",
+            OvfError::PasswordTooLong(_) => Reason::PasswordLength,
+            _ => Reason::OvfParse,
         }
     }
 }

@@ -1,13 +1,17 @@
-//! The VM id from DMI (reference/azure-protocol.md §5): `/sys/class/dmi/id/product_uuid`,
+//! The VM id from DMI (docs/DESIGN.md §4): `/sys/class/dmi/id/product_uuid`,
 //! lower-case; Gen1 VMs (no `/sys/firmware/efi`) use SMBIOS 2.3, so the first three fields are
 //! stored byte-swapped relative to IMDS `vmId`.
 
 use std::path::Path;
 
-/// Reads the VM id below `sys` (normally `/sys`). None when DMI has no usable id: the file is
-/// absent, unreadable, not a UUID, or all zeros.
-pub fn read(sys: &Path) -> Option<String> {
-    let raw = std::fs::read_to_string(sys.join("class/dmi/id/product_uuid")).ok()?;
+/// Where the kernel shows the DMI tables.
+pub const DMI_DIR: &str = "/sys/class/dmi/id";
+
+/// Reads the VM id from `dmi` (normally `/sys/class/dmi/id`); `sys` (normally `/sys`) tells
+/// Gen1 from Gen2. None when DMI has no usable id: the file is absent, unreadable, not a UUID,
+/// or all zeros.
+pub fn read(dmi: &Path, sys: &Path) -> Option<String> {
+    let raw = std::fs::read_to_string(dmi.join("product_uuid")).ok()?;
     let gen1 = !sys.join("firmware/efi").exists();
     from_dmi(raw.trim(), gen1)
 }
@@ -80,15 +84,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            read(&dir).as_deref(),
+            read(&dir.join("class/dmi/id"), &dir).as_deref(),
             Some("12345678-90ab-cdef-1234-567890abcdef")
         );
         std::fs::create_dir_all(dir.join("firmware/efi")).unwrap();
         assert_eq!(
-            read(&dir).as_deref(),
+            read(&dir.join("class/dmi/id"), &dir).as_deref(),
             Some("78563412-ab90-efcd-1234-567890abcdef")
         );
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(read(&dir), None);
+        assert_eq!(read(&dir.join("class/dmi/id"), &dir), None);
     }
 }

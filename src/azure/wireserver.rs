@@ -1,7 +1,8 @@
-//! The WireServer (168.63.129.16): goal state and health reports (reference/azure-protocol.md
-//! §1.3–§1.5). The goal state is fetched fresh before every POST: a stale incarnation gets 410.
+//! The WireServer (168.63.129.16): goal state and health reports (docs/DESIGN.md §4).
+//! The goal state is fetched fresh before every POST: a stale incarnation gets 410.
 
 use super::http::{Class, Client, HttpError, Method, Request};
+use super::reason::Failure;
 use super::xml;
 use crate::deadline::{jitter, Deadline};
 use quick_xml::events::{BytesDecl, BytesText, Event};
@@ -22,16 +23,38 @@ pub struct GoalState {
     pub instance_id: String,
 }
 
-/// Parses a goal state document; every field health reports need must be there.
-pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, String> {
-    let root = xml::parse(bytes).map_err(|e| format!("goal state is not XML: {e}"))?;
-    if root.local != "GoalState" {
-        return Err(format!("expected <GoalState>, got <{}>", root.local));
+/// Why a goal state was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GoalStateError {
+    NotXml(xml::XmlError),
+    /// The document element is not `<GoalState>`.
+    Root(String),
+    /// A field health reports need is missing or empty.
+    Missing(&'static str),
+}
+
+impl std::fmt::Display for GoalStateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GoalStateError::NotXml(e) => write!(f, "goal state is not XML: {e}"),
+            GoalStateError::Root(r) => write!(f, "expected <GoalState>, got <{r}>"),
+            GoalStateError::Missing(name) => write!(f, "goal state has no {name}"),
+        }
     }
-    let field = |v: Option<&xml::Element>, name: &str| {
+}
+
+impl std::error::Error for GoalStateError {}
+
+/// Parses a goal state document; every field health reports need must be there.
+pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, GoalStateError> {
+    let root = xml::parse(bytes).map_err(GoalStateError::NotXml)?;
+    if root.local != "GoalState" {
+        return Err(GoalStateError::Root(root.local.clone()));
+    }
+    let field = |v: Option<&xml::Element>, name: &'static str| {
         v.map(|e| e.text.clone())
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| format!("goal state has no {name}"))
+            .ok_or(GoalStateError::Missing(name))
     };
     let container = root.child("Container");
     let instance = container
@@ -57,26 +80,17 @@ pub enum Health {
     },
 }
 
-/// `result=error|reason=…|agent=azprov/VER|vm_id=…|timestamp=…`, trimmed to 512 characters.
+/// `result=error|reason=…|agent=azprov/VER|…|vm_id=…|timestamp=…`, trimmed to 512 characters:
+/// the failure's supporting data between `agent` and `vm_id`, in cloud-init's field order.
 /// Values holding the delimiter are quoted the way cloud-init's csv writer does.
-pub fn failure_description(reason: &str, vm_id: &str, timestamp: &str) -> String {
-    failure_description_with(reason, &[], vm_id, timestamp)
-}
-
-/// The same with supporting data between `agent` and `vm_id`, in cloud-init's field order.
-pub fn failure_description_with(
-    reason: &str,
-    extra: &[(&str, String)],
-    vm_id: &str,
-    timestamp: &str,
-) -> String {
+pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> String {
     let agent = format!("azprov/{}", crate::VERSION);
     let mut fields = vec![
         ("result", "error"),
-        ("reason", reason),
+        ("reason", failure.reason.as_str()),
         ("agent", agent.as_str()),
     ];
-    fields.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+    fields.extend(failure.extra.iter().map(|(k, v)| (*k, v.as_str())));
     fields.extend([("vm_id", vm_id), ("timestamp", timestamp)]);
     let joined = fields
         .iter()
@@ -148,13 +162,29 @@ fn text_el(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> std::io::Result<
     Ok(())
 }
 
+/// A WireServer address that is not `IP` or `IP:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadEndpoint(pub String);
+
+impl std::fmt::Display for BadEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid WireServer address {:?}: expected IP or IP:PORT",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for BadEndpoint {}
+
 /// Parses `IP` or `IP:PORT` (port 80 by default).
-pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_endpoint(s: &str) -> Result<SocketAddr, BadEndpoint> {
     if let Ok(ip) = s.parse::<Ipv4Addr>() {
         return Ok(SocketAddr::V4(SocketAddrV4::new(ip, 80)));
     }
     s.parse::<SocketAddr>()
-        .map_err(|_| format!("invalid WireServer address {s:?}: expected IP or IP:PORT"))
+        .map_err(|_| BadEndpoint(s.to_string()))
 }
 
 /// A WireServer at one address, spoken to through the shared client.
@@ -209,10 +239,9 @@ impl WireServer<'_> {
                 body: &body,
             };
             posts += 1;
-            match self
-                .client
-                .fetch(Class::WireServer, &req, deadline, |_| Ok(()))
-            {
+            match self.client.fetch(Class::WireServer, &req, deadline, |_| {
+                Ok::<(), std::convert::Infallible>(())
+            }) {
                 Ok(()) => {
                     return Ok(Reported {
                         incarnation: gs.incarnation,
@@ -242,6 +271,7 @@ impl WireServer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::azure::reason::Reason;
 
     fn gs() -> GoalState {
         GoalState {
@@ -273,7 +303,7 @@ mod tests {
     #[test]
     fn goal_state_without_role_instance_is_refused() {
         let e = parse_goal_state(fixture!("goalstate", "no-roleinstance.xml")).unwrap_err();
-        assert!(e.contains("RoleInstance"), "{e}");
+        assert_eq!(e, GoalStateError::Missing("RoleInstance/InstanceId"));
         assert!(parse_goal_state(b"<Versions/>").is_err());
         assert!(parse_goal_state(b"garbage").is_err());
     }
@@ -317,10 +347,14 @@ mod tests {
     fn failure_body_escapes_and_trims() {
         let mut g = gs();
         g.container_id = "a&b<c>".into();
-        let reason = format!("bad <thing> & more {}", "x".repeat(600));
-        let desc = failure_description(&reason, "vm-1", "2026-11-30T15:19:55Z");
+        let mut f = Failure::new(Reason::Operator, "");
+        f.extra = vec![("detail", format!("bad <thing> & more {}", "x".repeat(600)))];
+        let desc = failure_description(&f, "vm-1", "2026-11-30T15:19:55Z");
         assert_eq!(desc.chars().count(), DESCRIPTION_MAX_CHARS);
-        assert!(desc.starts_with("result=error|reason=bad <thing> & more xxx"));
+        assert!(desc.starts_with(&format!(
+            "result=error|reason=reported by operator|agent=azprov/{}|detail=bad <thing> & more xxx",
+            crate::VERSION
+        )));
         let body = emit_health(
             &g,
             &Health::Failed {
@@ -345,7 +379,7 @@ mod tests {
 
     #[test]
     fn description_fields_in_order() {
-        let d = failure_description("failure to obtain DHCP lease", "abc", "T");
+        let d = failure_description(&Failure::new(Reason::DhcpLease, "none"), "abc", "T");
         assert_eq!(
             d,
             format!(
@@ -353,8 +387,10 @@ mod tests {
                 crate::VERSION
             )
         );
-        let q = failure_description("a|b", "v", "T");
-        assert!(q.contains("|'reason=a|b'|"), "{q}");
+        let mut f = Failure::new(Reason::Operator, "");
+        f.extra = vec![("detail", "a|b".into())];
+        let q = failure_description(&f, "v", "T");
+        assert!(q.contains("|'detail=a|b'|"), "{q}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ const MAX_RETRANSMIT: Duration = Duration::from_secs(64);
 const MAX_REQUESTS: u32 = 4;
 
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct Params {
     pub mac: [u8; 6],
     /// Sent as option 12: Azure DNS registers the name the client sends.
     pub hostname: Option<String>,
@@ -73,8 +73,8 @@ enum State {
 }
 
 #[derive(Debug)]
-pub struct Client {
-    cfg: Config,
+pub struct Machine {
+    cfg: Params,
     rng: u64,
     xid: u32,
     start: Duration,
@@ -83,10 +83,10 @@ pub struct Client {
     pub naks: u32,
 }
 
-impl Client {
+impl Machine {
     /// `seed` feeds the xid and the jitter (from getrandom in production, fixed in tests).
-    pub fn new(cfg: Config, seed: u64, now: Duration) -> Self {
-        let mut c = Client {
+    pub fn new(cfg: Params, seed: u64, now: Duration) -> Self {
+        let mut c = Machine {
             cfg,
             rng: seed | 1,
             xid: 0,

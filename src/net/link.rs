@@ -1,10 +1,10 @@
-//! Choosing the NIC and bringing its link up (DESIGN.md §4, reference/azure-protocol.md §4.2).
+//! Choosing the NIC and bringing its link up (docs/DESIGN.md §4).
 //!
 //! Candidates are Ethernet interfaces backed by a device (not loopback, bridges, bonds, VLANs,
 //! veth or tun pairs). An interface that shares its MAC with an `hv_netvsc` interface but has
 //! another driver is an Accelerated Networking VF (mlx4/mlx5/mana) and is never configured.
 
-use super::apply::{link_msg, ApplyError, IFF_UP};
+use super::rtnl::{link_msg, NetlinkError, Op, IFF_UP};
 use crate::deadline::Deadline;
 use crate::sys::netlink::Netlink;
 use std::fs;
@@ -127,7 +127,7 @@ pub fn candidates(nics: &[Nic]) -> Vec<&Nic> {
 pub enum LinkError {
     NoInterface,
     Unknown(String),
-    Apply(ApplyError),
+    Netlink(NetlinkError),
     NoCarrier(String),
 }
 
@@ -136,7 +136,7 @@ impl std::fmt::Display for LinkError {
         match self {
             LinkError::NoInterface => write!(f, "no Ethernet interface to configure"),
             LinkError::Unknown(n) => write!(f, "no interface named {n}"),
-            LinkError::Apply(e) => write!(f, "{e}"),
+            LinkError::Netlink(e) => write!(f, "{e}"),
             LinkError::NoCarrier(n) => write!(f, "no carrier on {n}"),
         }
     }
@@ -168,22 +168,23 @@ pub struct LinkUp {
 }
 
 /// Sets or clears IFF_UP on one interface over rtnetlink.
-fn set_up(ifindex: u32, name: &str, up: bool) -> Result<(), ApplyError> {
-    let step = || format!("set {name} {}", if up { "up" } else { "down" });
-    let mut nl = Netlink::open().map_err(|source| ApplyError {
-        step: step(),
-        source,
-    })?;
+fn set_up(ifindex: u32, name: &str, up: bool) -> Result<(), NetlinkError> {
+    let err = |errno| NetlinkError {
+        op: Op::SetLink {
+            name: name.to_string(),
+            up,
+        },
+        errno,
+    };
+    let mut nl = Netlink::open().map_err(err)?;
     let mut m = link_msg(ifindex, if up { IFF_UP } else { 0 }, IFF_UP, None).into_bytes();
-    nl.request(&mut m).map_err(|source| ApplyError {
-        step: step(),
-        source,
-    })
+    nl.request(&mut m).map_err(err)
 }
 
-pub fn bring_up(nic: &Nic) -> Result<LinkUp, LinkError> {
+/// Sets the link up (if it was down); the guard sets it back.
+pub fn up(nic: &Nic) -> Result<LinkUp, LinkError> {
     if !nic.up {
-        set_up(nic.ifindex, &nic.name, true).map_err(LinkError::Apply)?;
+        set_up(nic.ifindex, &nic.name, true).map_err(LinkError::Netlink)?;
     }
     Ok(LinkUp {
         ifindex: nic.ifindex,
@@ -199,11 +200,11 @@ impl LinkUp {
         self.done = true;
     }
 
-    pub fn restore(mut self) -> Result<(), ApplyError> {
+    pub fn restore(mut self) -> Result<(), NetlinkError> {
         self.set_back()
     }
 
-    fn set_back(&mut self) -> Result<(), ApplyError> {
+    fn set_back(&mut self) -> Result<(), NetlinkError> {
         if std::mem::replace(&mut self.done, true) || self.was_up {
             return Ok(());
         }

@@ -1,8 +1,10 @@
-//! azprov's own network bring-up: NIC choice, a DHCPv4 client over a raw socket, and applying
-//! the lease over rtnetlink (DESIGN.md §2, §4).
+//! azprov's own network bring-up: NIC choice (`link`), the DHCPv4 wire format (`wire`) and
+//! state machine (`dhcp`, no I/O), the I/O loop around it (`dhclient`), rtnetlink messages
+//! (`rtnl`, pure) and applying a lease with them (`apply`). docs/DESIGN.md §2 and §4.
 
 pub mod apply;
+pub mod dhclient;
 pub mod dhcp;
 pub mod link;
-pub mod run;
+pub mod rtnl;
 pub mod wire;

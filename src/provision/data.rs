@@ -3,6 +3,35 @@
 use crate::secret::Secret;
 use std::fmt;
 
+/// A value from metadata that one of these types refused, with what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalid {
+    Hostname {
+        value: String,
+        why: &'static str,
+    },
+    Username {
+        value: String,
+        why: &'static str,
+    },
+    /// An SSH key line that is not one; only its first characters are kept.
+    SshKey {
+        start: String,
+    },
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Hostname { value, why } => write!(f, "invalid hostname {value:?}: {why}"),
+            Invalid::Username { value, why } => write!(f, "invalid username {value:?}: {why}"),
+            Invalid::SshKey { start } => write!(f, "not an OpenSSH public key: {start:?}…"),
+        }
+    }
+}
+
+impl std::error::Error for Invalid {}
+
 /// A hostname as `/etc/hostname` takes it: RFC 1123 labels (letters, digits, hyphens, not at
 /// a label's ends), at most 63 characters (longer names are truncated, as afterburn does).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,7 +40,7 @@ pub struct Hostname(String);
 pub const HOSTNAME_MAX: usize = 63;
 
 impl Hostname {
-    pub fn parse(s: &str) -> Result<Hostname, String> {
+    pub fn parse(s: &str) -> Result<Hostname, Invalid> {
         let s = s.trim();
         let cut: String = s.chars().take(HOSTNAME_MAX).collect();
         // A trailing dot is the DNS root; a hyphen left at the end by truncation is dropped.
@@ -21,7 +50,10 @@ impl Hostname {
             cut.trim_end_matches('.')
         };
         if cut.is_empty() {
-            return Err(format!("invalid hostname {s:?}: empty"));
+            return Err(Invalid::Hostname {
+                value: s.to_string(),
+                why: "empty",
+            });
         }
         for label in cut.split('.') {
             let ok = !label.is_empty()
@@ -31,7 +63,10 @@ impl Hostname {
                 && !label.starts_with('-')
                 && !label.ends_with('-');
             if !ok {
-                return Err(format!("invalid hostname {s:?}: not an RFC 1123 name"));
+                return Err(Invalid::Hostname {
+                    value: s.to_string(),
+                    why: "not an RFC 1123 name",
+                });
             }
         }
         Ok(Hostname(cut.to_string()))
@@ -55,7 +90,7 @@ impl fmt::Display for Hostname {
 pub struct Username(String);
 
 impl Username {
-    pub fn parse(s: &str) -> Result<Username, String> {
+    pub fn parse(s: &str) -> Result<Username, Invalid> {
         let s = s.trim();
         let first_ok = s
             .bytes()
@@ -65,10 +100,16 @@ impl Username {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !first_ok || !rest_ok || s.len() > 32 {
-            return Err(format!("invalid username {s:?}: not a POSIX portable name"));
+            return Err(Invalid::Username {
+                value: s.to_string(),
+                why: "not a POSIX portable name",
+            });
         }
         if s == "root" {
-            return Err("invalid username \"root\": a system account".into());
+            return Err(Invalid::Username {
+                value: s.to_string(),
+                why: "a system account",
+            });
         }
         Ok(Username(s.to_string()))
     }
@@ -98,7 +139,7 @@ const KEY_TYPES: [&str; 6] = [
 ];
 
 impl SshKey {
-    pub fn parse(s: &str) -> Result<SshKey, String> {
+    pub fn parse(s: &str) -> Result<SshKey, Invalid> {
         let line: String = s.chars().filter(|c| *c != '\r' && *c != '\n').collect();
         let line = line.trim();
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -114,8 +155,9 @@ impl SshKey {
             })
         });
         if !ok {
-            let shown: String = line.chars().take(24).collect();
-            return Err(format!("not an OpenSSH public key: {shown:?}…"));
+            return Err(Invalid::SshKey {
+                start: line.chars().take(24).collect(),
+            });
         }
         Ok(SshKey(line.to_string()))
     }

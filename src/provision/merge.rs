@@ -1,9 +1,9 @@
 //! Merging ovf-env.xml and IMDS into one validated [`ProvisioningData`], keeping where each
-//! value came from. IMDS wins where both have a value (DESIGN.md §3); the password and custom
+//! value came from. IMDS wins where both have a value (docs/DESIGN.md §3); the password and custom
 //! data exist only in ovf-env.xml, user data only in IMDS.
 
-use super::data::{Hostname, KeyEntry, ProvisioningData, Source, SshKey, Username};
-use super::Failure;
+use super::data::{Hostname, Invalid, KeyEntry, ProvisioningData, Source, SshKey, Username};
+use super::{Failure, Reason};
 use crate::azure::imds::Imds;
 use crate::azure::ovf::OvfEnv;
 
@@ -15,7 +15,7 @@ pub fn merge(
     let ovf_env = match ovf {
         Ok(o) => o.as_ref(),
         // A password Azure cannot apply must not be dropped silently.
-        Err(f) if f.reason == "unsupported password length" => return Err(f.clone()),
+        Err(f) if f.reason == Reason::PasswordLength => return Err(f.clone()),
         Err(_) => None,
     };
     let imds = imds.as_ref();
@@ -26,7 +26,7 @@ pub fn merge(
         };
         let imds_cause = imds.err().map(|f| f.to_string()).unwrap_or_default();
         let mut f = Failure::new(
-            "failed to obtain provisioning data",
+            Reason::NoProvisioningData,
             format!("ovf-env.xml: {ovf_cause}; IMDS: {imds_cause}"),
         );
         f.extra = vec![("ovf", ovf_cause), ("imds", imds_cause)];
@@ -37,13 +37,13 @@ pub fn merge(
     let hostname = pick(
         m.and_then(|m| m.computer_name.as_deref()),
         ovf_env.map(|o| o.hostname.as_str()),
-        ("failed to determine hostname", "invalid hostname"),
+        (Reason::NoHostname, Reason::InvalidHostname),
         Hostname::parse,
     )?;
     let username = pick(
         m.and_then(|m| m.admin_username.as_deref()),
         ovf_env.map(|o| o.username.as_str()),
-        ("failed to determine username", "invalid username"),
+        (Reason::NoUsername, Reason::InvalidUsername),
         Username::parse,
     )?;
 
@@ -96,8 +96,8 @@ pub fn merge(
 fn pick<T>(
     imds: Option<&str>,
     ovf: Option<&str>,
-    reasons: (&'static str, &'static str),
-    parse: impl Fn(&str) -> Result<T, String>,
+    reasons: (Reason, Reason),
+    parse: impl Fn(&str) -> Result<T, Invalid>,
 ) -> Result<(T, Source), Failure> {
     let (value, source) = match (imds, ovf) {
         (Some(v), _) => (v, Source::Imds),
@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn ovf_alone_when_imds_fails() {
         let (o, _) = both();
-        let d = merge(&o, &Err(Failure::new("http error 503 querying IMDS", ""))).unwrap();
+        let d = merge(&o, &Err(Failure::new(Reason::ImdsHttp, "503"))).unwrap();
         assert_eq!(
             d.hostname,
             (Hostname::parse("vm-wala").unwrap(), Source::Ovf)
@@ -196,10 +196,10 @@ mod tests {
     fn nothing_usable_names_both_causes() {
         let e = merge(
             &Ok(None),
-            &Err(Failure::new("connection error querying IMDS", "refused")),
+            &Err(Failure::new(Reason::ImdsConnection, "refused")),
         )
         .unwrap_err();
-        assert_eq!(e.reason, "failed to obtain provisioning data");
+        assert_eq!(e.reason, Reason::NoProvisioningData);
         assert_eq!(e.extra[0], ("ovf", "no provisioning media".to_string()));
         assert_eq!(
             e.extra[1],
@@ -216,13 +216,13 @@ mod tests {
         m.computer_name = None;
         assert_eq!(
             merge(&Ok(None), &Ok(m.clone())).unwrap_err().reason,
-            "failed to determine hostname"
+            Reason::NoHostname
         );
         m.computer_name = Some("vm".into());
         m.admin_username = None;
         assert_eq!(
             merge(&Ok(None), &Ok(m)).unwrap_err().reason,
-            "failed to determine username"
+            Reason::NoUsername
         );
     }
 
@@ -231,14 +231,20 @@ mod tests {
         let (o, m) = both();
         let mut bad = m.clone().unwrap();
         bad.computer_name = Some("bad_name!".into());
-        assert_eq!(merge(&o, &Ok(bad)).unwrap_err().reason, "invalid hostname");
+        assert_eq!(
+            merge(&o, &Ok(bad)).unwrap_err().reason,
+            Reason::InvalidHostname
+        );
         let mut bad = m.unwrap();
         bad.admin_username = Some("root".into());
-        assert_eq!(merge(&o, &Ok(bad)).unwrap_err().reason, "invalid username");
-        let long = Err(Failure::new("unsupported password length", "73"));
+        assert_eq!(
+            merge(&o, &Ok(bad)).unwrap_err().reason,
+            Reason::InvalidUsername
+        );
+        let long = Err(Failure::new(Reason::PasswordLength, "73"));
         assert_eq!(
             merge(&long, &both().1).unwrap_err().reason,
-            "unsupported password length"
+            Reason::PasswordLength
         );
     }
 }

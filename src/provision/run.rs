@@ -1,16 +1,17 @@
-//! The provisioning run of DESIGN.md §2, from "already provisioned?" to "teardown", shared by
+//! The provisioning run of docs/DESIGN.md §2, from "already provisioned?" to "teardown", shared by
 //! hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::data::ProvisioningData;
 use super::merge::merge;
 use super::sysroot::{self, Sysroot};
-use super::Failure;
-use crate::azure::http::{Client, HttpError};
+use super::{Failure, Reason};
+use crate::azure::http::{Client, HttpError, TransportKind};
 use crate::azure::ovf::{self, OvfEnv};
 use crate::azure::wireserver::{self, Health, WireServer};
 use crate::azure::{imds, media, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
+use crate::net::dhclient::DhcpError;
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -36,12 +37,65 @@ pub struct Options {
     pub wireserver: Option<SocketAddr>,
     pub imds: String,
     pub keep_network: bool,
-    /// Normally `/sys` and `/dev`; injected in tests.
+    /// Normally `/sys`, `/sys/class/dmi/id` and `/dev`; injected in tests (`--dmi`).
     pub sys: PathBuf,
+    pub dmi: PathBuf,
     pub dev: PathBuf,
     /// How long to wait for a CD-ROM drive to appear when a CD-ROM driver is loaded but no
     /// drive is there yet (PID 1, right after loading modules); zero in hook and tool mode.
     pub cdrom_settle: Duration,
+}
+
+/// PID 1 waits this long for a CD-ROM drive after loading its driver (SCSI and ATA scans
+/// finish after their modules load).
+pub const PID1_CDROM_SETTLE: Duration = Duration::from_secs(2);
+/// The share of the deadline each stage may use at most, as a divisor or fraction of what is
+/// left when it starts: media 1/5 of the whole, DHCP 1/2 of what remains, IMDS 2/3 of that.
+const MEDIA_SHARE: u32 = 5;
+const DHCP_SHARE: u32 = 2;
+const IMDS_SHARE: (u32, u32) = (2, 3);
+/// The first goal-state fetch, beside IMDS, only checks the WireServer early.
+const PROBE_BUDGET: Duration = Duration::from_secs(10);
+/// Without a lease the WireServer is most likely unreachable: the report gets this long.
+const REPORT_WITHOUT_LEASE: Duration = Duration::from_secs(10);
+/// A failure that used up the deadline still gets this long to be reported.
+const REPORT_GRACE: Duration = Duration::from_secs(5);
+
+impl Options {
+    /// Hook and tool mode (`azprov provision --root DIR`): the system's /sys and /dev, CD-ROM
+    /// drives and DHCP, no settle wait, the network torn down afterwards.
+    pub fn hook(root: PathBuf) -> Self {
+        Options {
+            root,
+            iface: None,
+            dhcp: true,
+            media: MediaSource::Devices(Vec::new()),
+            force: false,
+            timeout: crate::config::DEFAULT_TIMEOUT,
+            wireserver: None,
+            imds: imds::DEFAULT_BASE.to_string(),
+            keep_network: false,
+            sys: "/sys".into(),
+            dmi: vmid::DMI_DIR.into(),
+            dev: "/dev".into(),
+            cdrom_settle: Duration::ZERO,
+        }
+    }
+
+    /// PID 1 mode: the root at `root`, the kernel command line's settings, and the CD-ROM
+    /// settle wait right after module loading.
+    pub fn pid1(root: PathBuf, cfg: &crate::config::Config) -> Self {
+        Options {
+            iface: cfg.iface.clone(),
+            force: cfg.force,
+            timeout: cfg.timeout,
+            wireserver: cfg.wireserver,
+            imds: cfg.imds.clone(),
+            keep_network: cfg.keepnet,
+            cdrom_settle: PID1_CDROM_SETTLE,
+            ..Options::hook(root)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -73,7 +127,7 @@ pub struct Summary {
     pub custom_data: bool,
     pub user_data: bool,
     pub report: Report,
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     pub timings_ms: Timings,
 }
 
@@ -92,9 +146,9 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// Why the root counts as provisioned already, or None.
-pub fn already_provisioned(root: &Sysroot, sys: &Path) -> Option<String> {
+pub fn already_provisioned(root: &Sysroot, dmi: &Path, sys: &Path) -> Option<String> {
     let marker = root.read_marker()?;
-    match vmid::read(sys) {
+    match vmid::read(dmi, sys) {
         Some(id) if id == marker => Some(format!("VM id {id} matches {}", sysroot::MARKER)),
         Some(id) => {
             log::info!(
@@ -107,25 +161,28 @@ pub fn already_provisioned(root: &Sysroot, sys: &Path) -> Option<String> {
     }
 }
 
+/// The IMDS reason for the last cause behind `e`, with the whole error as detail.
 fn imds_failure(e: &HttpError) -> Failure {
-    let reason = match e {
-        HttpError::Deadline { last, .. } => return imds_failure(last),
-        HttpError::Transport { detail, .. } if detail.contains("timed out") => {
-            "connection timeout querying IMDS"
+    fn reason(e: &HttpError) -> Reason {
+        match e {
+            HttpError::Deadline { last, .. } => reason(last),
+            HttpError::Transport {
+                kind: TransportKind::Timeout,
+                ..
+            } => Reason::ImdsTimeout,
+            HttpError::Transport { .. } => Reason::ImdsConnection,
+            HttpError::Status { .. } => Reason::ImdsHttp,
+            HttpError::Invalid { .. } | HttpError::TooLarge { .. } => Reason::ImdsParse,
         }
-        HttpError::Transport { .. } => "connection error querying IMDS",
-        HttpError::Status { .. } => "http error querying IMDS",
-        HttpError::Invalid { .. } | HttpError::TooLarge { .. } => "error parsing IMDS metadata",
-    };
-    Failure::new(reason, e.to_string())
+    }
+    Failure::new(reason(e), e)
 }
 
 fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Failure> {
     let (name, bytes) = match &opts.media {
         MediaSource::File(f) => {
-            let b = std::fs::read(f).map_err(|e| {
-                Failure::new("error reading ovf-env.xml", format!("{}: {e}", f.display()))
-            })?;
+            let b = std::fs::read(f)
+                .map_err(|e| Failure::new(Reason::OvfRead, format!("{}: {e}", f.display())))?;
             (f.display().to_string(), b)
         }
         MediaSource::Devices(extra) => {
@@ -133,12 +190,7 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
             match media::read_ovf(&drives, extra, deadline) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Ok(None),
-                Err(e) => {
-                    return Err(Failure::new(
-                        "failure to read provisioning media",
-                        e.to_string(),
-                    ))
-                }
+                Err(e) => return Err(Failure::new(Reason::MediaRead, e)),
             }
         }
     };
@@ -148,14 +200,14 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
 }
 
 /// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of
-/// DESIGN.md §2 from "already provisioned?" to "teardown", one log line each with its
+/// docs/DESIGN.md §2 from "already provisioned?" to "teardown", one log line each with its
 /// duration. The result is also the `--json` summary.
 pub fn provision(opts: &Options) -> Summary {
     let t0 = Instant::now();
-    let capture = crate::log::Capture::install();
+    let capture = crate::logger::Capture::install();
     let root = Sysroot::new(&opts.root);
     let mut s = Summary {
-        vm_id: vmid::read(&opts.sys),
+        vm_id: vmid::read(&opts.dmi, &opts.sys),
         hostname: None,
         username: None,
         ssh_keys: 0,
@@ -166,7 +218,7 @@ pub fn provision(opts: &Options) -> Summary {
         timings_ms: Timings::default(),
     };
     if !opts.force {
-        if let Some(why) = already_provisioned(&root, &opts.sys) {
+        if let Some(why) = already_provisioned(&root, &opts.dmi, &opts.sys) {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
@@ -177,7 +229,7 @@ pub fn provision(opts: &Options) -> Summary {
     let deadline = Deadline::after(opts.timeout);
 
     let t = Instant::now();
-    let ovf = read_media(opts, deadline.min(opts.timeout / 5));
+    let ovf = read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE));
     s.timings_ms.media = ms(t.elapsed());
     let ms_media = s.timings_ms.media;
     match &ovf {
@@ -235,7 +287,7 @@ pub fn provision(opts: &Options) -> Summary {
         s.describe(&data);
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
         let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
-        sysroot::write_all(&root, &data, &vm_id)
+        super::write::write_all(&root, &data, &vm_id)
     });
     s.timings_ms.write = ms(t.elapsed());
     if written.is_ok() {
@@ -247,9 +299,8 @@ pub fn provision(opts: &Options) -> Summary {
     }
 
     let t = Instant::now();
-    // Without a lease the WireServer is most likely unreachable: try briefly, then boot on.
     let report_deadline = if network.is_err() {
-        deadline.min(Duration::from_secs(10))
+        deadline.min(REPORT_WITHOUT_LEASE)
     } else {
         deadline
     };
@@ -299,11 +350,11 @@ fn network(
     }
     let t = Instant::now();
     let class_net = opts.sys.join("class/net");
-    match crate::net::run::bring_up(
+    match crate::net::dhclient::bring_up(
         &class_net,
         opts.iface.as_deref(),
         hostname,
-        deadline.min(deadline.remaining() / 2),
+        deadline.min(deadline.remaining() / DHCP_SHARE),
     ) {
         Ok((nic, applied)) => {
             let l = applied.lease();
@@ -324,7 +375,12 @@ fn network(
         }
         Err(e) => {
             log::error!("dhcp: {} ms: {e}", ms(t.elapsed()));
-            Err(Failure::new(e.reason(), e.to_string()))
+            let reason = match e {
+                _ if e.no_interface() => Reason::NoDhcpInterface,
+                DhcpError::Apply(_) => Reason::NetworkConfig,
+                _ => Reason::DhcpLease,
+            };
+            Err(Failure::new(reason, e))
         }
     }
 }
@@ -332,10 +388,10 @@ fn network(
 /// IMDS, in parallel with the first goal-state fetch (which checks the WireServer early; the
 /// report fetches it again right before posting).
 fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
-    let dl = deadline.min(deadline.remaining() * 2 / 3);
+    let dl = deadline.min(deadline.remaining() * IMDS_SHARE.0 / IMDS_SHARE.1);
     let (m, gs) = std::thread::scope(|scope| {
         let h = scope.spawn(|| imds::fetch(ws.client, &opts.imds, dl));
-        let gs = ws.fetch_goal_state(dl.min(Duration::from_secs(10)));
+        let gs = ws.fetch_goal_state(dl.min(PROBE_BUDGET));
         let m = h.join().unwrap_or_else(|_| {
             Err(HttpError::Invalid {
                 url: opts.imds.clone(),
@@ -362,20 +418,15 @@ fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadl
         Ok(()) => Health::Ready,
         Err(f) => {
             log::error!("provisioning failed: {f}");
-            s.reason = Some(f.reason.to_string());
+            s.reason = Some(f.reason);
             let vm_id = s.vm_id.as_deref().unwrap_or("unknown");
-            let description = wireserver::failure_description_with(
-                f.reason,
-                &f.extra,
-                vm_id,
-                &crate::time::now_rfc3339(),
-            );
+            let description =
+                wireserver::failure_description(f, vm_id, &crate::time::now_rfc3339());
             Health::Failed { description }
         }
     };
-    // a failure that used up the deadline still gets a short chance to be reported
     let dl = if deadline.expired() {
-        Deadline::after(Duration::from_secs(5))
+        Deadline::after(REPORT_GRACE)
     } else {
         deadline
     };
@@ -397,8 +448,7 @@ fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadl
         }
         Err(e) => {
             s.report = Report::Failure;
-            s.reason
-                .get_or_insert_with(|| "failed to report ready".into());
+            s.reason.get_or_insert(Reason::ReportFailed);
             log::error!("report: {} ms: {e}", ms(t.elapsed()));
         }
     }

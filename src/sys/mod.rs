@@ -1,10 +1,21 @@
-//! The only place with `unsafe`: thin, checked wrappers over Linux system calls.
+//! The kernel interfaces: system calls through nix's safe wrappers, and raw libc only where
+//! nix has none (each such block with its `// SAFETY:` line). The crate denies `unsafe` code
+//! everywhere else (`lib.rs`).
 
 pub mod block;
-pub mod init;
+pub mod modules;
 pub mod mount;
 pub mod netlink;
 pub mod packet;
+pub mod process;
+pub mod switch_root;
+
+pub use nix::errno::Errno;
+
+/// The errno behind an I/O error from std (EIO when it carries none).
+pub fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
 
 /// The names in a directory, sorted; empty when it cannot be read (sysfs and /dev scans).
 pub fn sorted_names(dir: &std::path::Path) -> Vec<String> {
@@ -34,6 +45,7 @@ pub fn random_bytes(buf: &mut [u8]) {
         let Some(rest) = buf.get_mut(filled..) else {
             return;
         };
+        // nix has no getrandom(2) wrapper.
         // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
         let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), flags) };
         if n > 0 {

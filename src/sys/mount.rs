@@ -1,54 +1,41 @@
-//! mount(2) and umount2(2), and the CD-ROM drive status ioctl.
+//! mount(2) and umount2(2) through nix, the CD-ROM drive status ioctl, and the read-only
+//! state of a mount (statvfs), which hook mode needs to put a root back as it found it.
 
-use std::ffi::CString;
-use std::io;
+use nix::errno::Errno;
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
+pub use nix::mount::{MntFlags, MsFlags};
 
-/// mount(2) with `flags` (e.g. `libc::MS_RDONLY`) and optional data.
+/// mount(2). An empty `fstype` passes none (remounts, moves and binds take none).
 pub fn mount(
     source: &Path,
     target: &Path,
     fstype: &str,
-    flags: libc::c_ulong,
+    flags: MsFlags,
     data: Option<&str>,
-) -> io::Result<()> {
-    let src = cstr(source)?;
-    let dst = cstr(target)?;
-    let fs = CString::new(fstype).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let data = data
-        .map(CString::new)
-        .transpose()
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let data_ptr = data
-        .as_ref()
-        .map_or(std::ptr::null(), |d| d.as_ptr().cast());
-    // SAFETY: all pointers are valid NUL-terminated strings (or null data) for the call.
-    let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), flags, data_ptr) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+) -> Result<(), Errno> {
+    let fstype = (!fstype.is_empty()).then_some(fstype);
+    nix::mount::mount(Some(source), target, fstype, flags, data)
 }
 
-pub fn umount(target: &Path, flags: libc::c_int) -> io::Result<()> {
-    let t = cstr(target)?;
-    // SAFETY: `t` is a valid NUL-terminated path.
-    let rc = unsafe { libc::umount2(t.as_ptr(), flags) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+pub fn umount(target: &Path, flags: MntFlags) -> Result<(), Errno> {
+    nix::mount::umount2(target, flags)
 }
 
-/// linux/cdrom.h: CDROM_DRIVE_STATUS and its answers.
-const CDROM_DRIVE_STATUS: libc::c_ulong = 0x5326;
+/// Whether the filesystem holding `path` is mounted read-only.
+pub fn is_read_only(path: &Path) -> Result<bool, Errno> {
+    let st = nix::sys::statvfs::statvfs(path)?;
+    Ok(st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+}
+
+/// linux/cdrom.h: CDROM_DRIVE_STATUS takes the slot as an integer argument.
+const CDROM_DRIVE_STATUS: u32 = 0x5326;
 const CDSL_CURRENT: libc::c_int = i32::MAX;
+
+mod ioctl {
+    nix::ioctl_write_int_bad!(cdrom_drive_status, super::CDROM_DRIVE_STATUS);
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriveStatus {
@@ -62,16 +49,16 @@ pub enum DriveStatus {
 
 /// Asks a CD-ROM drive whether it holds a readable disc (Ignition does the same "to avoid
 /// reading data from an arbitrary block device"). An error means the device is no CD-ROM.
-pub fn drive_status(dev: &Path) -> io::Result<DriveStatus> {
+pub fn drive_status(dev: &Path) -> Result<DriveStatus, Errno> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a drive without a disc must not block or fail with ENOMEDIUM.
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags_nonblock()
-        .open(dev)?;
-    // SAFETY: a valid descriptor; CDROM_DRIVE_STATUS takes an integer slot argument.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), CDROM_DRIVE_STATUS as _, CDSL_CURRENT) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(|e| super::errno_of(&e))?;
+    // SAFETY: a valid open descriptor; CDROM_DRIVE_STATUS reads only its integer argument.
+    let rc = unsafe { ioctl::cdrom_drive_status(f.as_raw_fd(), CDSL_CURRENT) }?;
     Ok(match rc {
         0 => DriveStatus::NoInfo,
         1 => DriveStatus::NoDisc,
@@ -80,15 +67,4 @@ pub fn drive_status(dev: &Path) -> io::Result<DriveStatus> {
         4 => DriveStatus::DiscOk,
         n => DriveStatus::Other(n),
     })
-}
-
-trait NonBlock {
-    fn custom_flags_nonblock(&mut self) -> &mut Self;
-}
-
-impl NonBlock for std::fs::OpenOptions {
-    /// O_NONBLOCK: opening a drive without a disc must not block or fail with ENOMEDIUM.
-    fn custom_flags_nonblock(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::custom_flags(self, libc::O_NONBLOCK | libc::O_CLOEXEC)
-    }
 }

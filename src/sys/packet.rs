@@ -2,8 +2,12 @@
 //! interface has an address, so ordinary UDP sockets cannot be used. The kernel adds and strips
 //! the Ethernet header.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    bind, recv, sendto, socket, AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike,
+};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 const ETH_P_IP: u16 = 0x0800;
@@ -13,100 +17,61 @@ pub struct PacketSocket {
     ifindex: i32,
 }
 
-fn sockaddr(ifindex: i32, dst: [u8; 6]) -> libc::sockaddr_ll {
-    // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sa.sll_family = libc::AF_PACKET as u16;
-    sa.sll_protocol = ETH_P_IP.to_be();
-    sa.sll_ifindex = ifindex;
-    sa.sll_halen = 6;
+/// A link-layer address for `ifindex`; nix has no safe constructor for `LinkAddr`.
+fn link_addr(ifindex: i32, dst: [u8; 6]) -> Result<LinkAddr, Errno> {
+    let mut sa = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: ETH_P_IP.to_be(),
+        sll_ifindex: ifindex,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr: [0; 8],
+    };
     for (d, s) in sa.sll_addr.iter_mut().zip(dst) {
         *d = s;
     }
-    sa
+    let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: `sa` is a fully initialised sockaddr_ll of `len` bytes, alive for the call.
+    unsafe { LinkAddr::from_raw((&sa as *const libc::sockaddr_ll).cast(), Some(len)) }
+        .ok_or(Errno::EINVAL)
 }
 
 impl PacketSocket {
-    /// Opens a socket that receives every IPv4 packet arriving on `ifindex`.
-    pub fn open(ifindex: i32) -> io::Result<Self> {
-        // SAFETY: plain socket(2) call; the result is checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                i32::from(ETH_P_IP.to_be()),
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let sa = sockaddr(ifindex, [0; 6]);
-        // SAFETY: `sa` is a valid sockaddr_ll and the length matches it.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    /// Opens a socket that receives every IPv4 packet arriving on `ifindex`. The protocol is
+    /// given only in bind()'s address: a protocol in socket() makes the kernel register a
+    /// catch-all hook first, and unregistering it in bind() waits for an RCU grace period.
+    pub fn open(ifindex: i32) -> Result<Self, Errno> {
+        let fd = socket(
+            AddressFamily::Packet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )?;
+        bind(fd.as_raw_fd(), &link_addr(ifindex, [0; 6])?)?;
         Ok(PacketSocket { fd, ifindex })
     }
 
     /// Sends an IPv4 packet to the Ethernet broadcast address.
-    pub fn send_broadcast(&self, packet: &[u8]) -> io::Result<()> {
-        let sa = sockaddr(self.ifindex, [0xff; 6]);
-        // SAFETY: the buffer and address are valid for the lengths given.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+    pub fn send_broadcast(&self, packet: &[u8]) -> Result<(), Errno> {
+        let to = link_addr(self.ifindex, [0xff; 6])?;
+        debug_assert_eq!(to.family(), Some(AddressFamily::Packet));
+        sendto(self.fd.as_raw_fd(), packet, &to, MsgFlags::empty()).map(drop)
     }
 
     /// Waits up to `timeout` for one packet; `Ok(None)` when none arrived in time.
-    pub fn recv(&self, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(None)
-            } else {
-                Err(e)
-            };
+    pub fn recv(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>, Errno> {
+        let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(Errno::EINTR) => return Ok(None),
+            Ok(_) => {}
+            Err(e) => return Err(e),
         }
-        if rc == 0 {
-            return Ok(None);
+        match recv(self.fd.as_raw_fd(), buf, MsgFlags::empty()) {
+            Ok(n) => Ok(Some(n)),
+            Err(Errno::EAGAIN | Errno::EINTR) => Ok(None),
+            Err(e) => Err(e),
         }
-        // SAFETY: `buf` is writable for `buf.len()` bytes.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(e),
-            };
-        }
-        Ok(Some(n as usize))
     }
 }

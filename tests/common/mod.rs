@@ -4,6 +4,12 @@
 
 pub mod netns;
 
+/// The binary under test: `AZPROV_BIN` (scripts/test sets it to the shipped static build),
+/// else the one cargo built for the tests.
+pub fn bin() -> String {
+    std::env::var("AZPROV_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_azprov").to_string())
+}
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};

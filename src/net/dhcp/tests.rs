@@ -8,9 +8,9 @@ fn s(secs: f64) -> Duration {
     Duration::from_secs_f64(secs)
 }
 
-fn client(deadline: f64) -> Client {
-    Client::new(
-        Config {
+fn client(deadline: f64) -> Machine {
+    Machine::new(
+        Params {
             mac: MAC,
             hostname: Some("vm-7".into()),
             deadline: s(deadline),
@@ -20,7 +20,7 @@ fn client(deadline: f64) -> Client {
     )
 }
 
-fn reply(c: &Client, kind: MessageType) -> DhcpMessage {
+fn reply(c: &Machine, kind: MessageType) -> DhcpMessage {
     DhcpMessage {
         op: 2,
         xid: c.xid(),
@@ -245,7 +245,7 @@ fn deadline_times_out() {
 }
 
 /// The wake time a fresh client with the same seed reports after its first DISCOVER.
-fn c_next(c: &mut Client) -> Duration {
+fn c_next(c: &mut Machine) -> Duration {
     sent(c.poll(s(0.0)));
     match c.poll(s(0.0)) {
         Action::Wait(t) => t,

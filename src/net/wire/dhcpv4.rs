@@ -50,7 +50,7 @@ pub mod opt {
     pub const END: u8 = 255;
 }
 
-/// What azprov asks for (issue #3): mask, router, DNS, domain, MTU, broadcast, lease, server
+/// What azprov asks for: mask, router, DNS, domain, MTU, broadcast, lease, server
 /// id, classless routes, WireServer.
 pub const PARAMETER_REQUEST_LIST: [u8; 10] = [1, 3, 6, 15, 26, 28, 51, 54, 121, 245];
 

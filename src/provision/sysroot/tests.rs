@@ -1,18 +1,15 @@
+use super::accounts::crypt_sha512;
 use super::*;
+use crate::provision::data::{Hostname, Username};
 use crate::provision::data::{KeyEntry, Source, SshKey};
+use crate::secret::Secret;
 use std::os::unix::fs::symlink;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/root");
 
 /// A Debian-like root in a fresh temp dir, with shadow 0640 root:shadow as on Debian.
-fn seeded(name: &str) -> Option<(PathBuf, Sysroot)> {
-    if !is_root() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("sysroot tests need root under CI (they chown files)");
-        }
-        eprintln!("SKIPPED: sysroot tests need root");
-        return None;
-    }
+fn seeded(name: &str) -> (PathBuf, Sysroot) {
+    assert!(is_root(), "sysroot tests need root (they chown files)");
     let dir = std::env::temp_dir().join(format!("azprov-sysroot-{}-{name}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     let ok = std::process::Command::new("cp")
@@ -26,7 +23,7 @@ fn seeded(name: &str) -> Option<(PathBuf, Sysroot)> {
         fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o640)).unwrap();
         std::os::unix::fs::chown(dir.join(f), Some(0), Some(42)).unwrap();
     }
-    Some((dir.clone(), Sysroot::new(dir)))
+    (dir.clone(), Sysroot::new(dir))
 }
 
 fn is_root() -> bool {
@@ -76,10 +73,12 @@ fn crypt_matches_the_reference_vector() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn resolve_stays_inside_the_root() {
-    let Some((dir, root)) = seeded("resolve") else {
-        return;
-    };
+    let (dir, root) = seeded("resolve");
     fs::create_dir_all(dir.join("var/home")).unwrap();
     fs::remove_dir_all(dir.join("home")).unwrap();
     symlink("/var/home", dir.join("home")).unwrap(); // absolute: the root's own /var/home
@@ -100,10 +99,12 @@ fn resolve_stays_inside_the_root() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn hostname_and_hosts() {
-    let Some((dir, root)) = seeded("hostname") else {
-        return;
-    };
+    let (dir, root) = seeded("hostname");
     root.write_hostname(&Hostname::parse("vm-42").unwrap())
         .unwrap();
     assert_eq!(text(&dir.join("etc/hostname")), "vm-42\n");
@@ -123,10 +124,12 @@ fn hostname_and_hosts() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn new_user_gets_accounts_home_and_locked_password() {
-    let Some((dir, root)) = seeded("user") else {
-        return;
-    };
+    let (dir, root) = seeded("user");
     let u = Username::parse("azureuser").unwrap();
     let a = root.ensure_user(&u, None).unwrap();
     assert_eq!(
@@ -180,10 +183,12 @@ fn new_user_gets_accounts_home_and_locked_password() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn the_login_shell_is_looked_up_inside_the_root() {
-    let Some((dir, root)) = seeded("shell") else {
-        return;
-    };
+    let (dir, root) = seeded("shell");
     // an absolute symlink means the root's own /bin/dash, not the host's
     fs::remove_file(dir.join("bin/bash")).unwrap();
     symlink("/bin/dash", dir.join("bin/bash")).unwrap();
@@ -196,10 +201,12 @@ fn the_login_shell_is_looked_up_inside_the_root() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn uid_range_comes_from_login_defs_and_ids_in_use_are_skipped() {
-    let Some((dir, root)) = seeded("uidmin") else {
-        return;
-    };
+    let (dir, root) = seeded("uidmin");
     fs::write(dir.join("etc/login.defs"), "UID_MIN 2000\nGID_MIN 2000\n").unwrap();
     let mut p = text(&dir.join("etc/passwd"));
     p.push_str("taken:x:2000:2000::/home/taken:/bin/sh\n");
@@ -215,10 +222,12 @@ fn uid_range_comes_from_login_defs_and_ids_in_use_are_skipped() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn password_is_stored_as_sha512_crypt() {
-    let Some((dir, root)) = seeded("password") else {
-        return;
-    };
+    let (dir, root) = seeded("password");
     root.ensure_user(
         &Username::parse("pw").unwrap(),
         Some(&Secret::new("S3cr3t&Pass".into())),
@@ -241,10 +250,12 @@ fn password_is_stored_as_sha512_crypt() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn system_accounts_are_refused() {
-    let Some((dir, root)) = seeded("sysacct") else {
-        return;
-    };
+    let (dir, root) = seeded("sysacct");
     let before = text(&dir.join("etc/passwd"));
     let e = root
         .ensure_user(&Username::parse("daemon").unwrap(), None)
@@ -255,10 +266,12 @@ fn system_accounts_are_refused() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn keys_are_merged_without_duplicates() {
-    let Some((dir, root)) = seeded("keys") else {
-        return;
-    };
+    let (dir, root) = seeded("keys");
     let u = Username::parse("azureuser").unwrap();
     let a = root.ensure_user(&u, None).unwrap();
     let ssh = dir.join("home/azureuser/.ssh");
@@ -280,10 +293,12 @@ fn keys_are_merged_without_duplicates() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn key_paths_are_honoured_only_inside_the_home() {
-    let Some((dir, root)) = seeded("keypath") else {
-        return;
-    };
+    let (dir, root) = seeded("keypath");
     let u = Username::parse("azureuser").unwrap();
     let a = root.ensure_user(&u, None).unwrap();
     let mut inside = key(K1);
@@ -306,10 +321,12 @@ fn key_paths_are_honoured_only_inside_the_home() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_symlinked_ssh_dir_is_refused_and_its_target_untouched() {
-    let Some((dir, root)) = seeded("sshlink") else {
-        return;
-    };
+    let (dir, root) = seeded("sshlink");
     let u = Username::parse("azureuser").unwrap();
     let a = root.ensure_user(&u, None).unwrap();
     symlink("/etc", dir.join("home/azureuser/.ssh")).unwrap();
@@ -329,10 +346,12 @@ fn a_symlinked_ssh_dir_is_refused_and_its_target_untouched() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn sudoers_and_sshd_drop_ins() {
-    let Some((dir, root)) = seeded("sudo") else {
-        return;
-    };
+    let (dir, root) = seeded("sudo");
     let u = Username::parse("azureuser").unwrap();
     root.write_sudoers(&u, false).unwrap();
     let s = dir.join("etc/sudoers.d/90-azprov");
@@ -351,10 +370,12 @@ fn sudoers_and_sshd_drop_ins() {
 }
 
 #[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn state_files_are_private() {
-    let Some((dir, root)) = seeded("state") else {
-        return;
-    };
+    let (dir, root) = seeded("state");
     root.write_state("customdata", b"#cloud-config\n").unwrap();
     root.write_state("provisioned", b"vm-1\n").unwrap();
     assert_eq!(mode(&dir.join("var/lib/azprov")), 0o700);

@@ -4,9 +4,19 @@
 //! TCG xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s of a 2.1 s module stage, and a root
 //! needs at most one of them.
 
-use crate::sys::init as sysinit;
+use nix::errno::Errno;
+use nix::kmod::{finit_module, ModuleInitFlags};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// finit_module(2) with no parameters. EEXIST (already loaded) is success.
+pub fn load_module(path: &Path) -> Result<(), Errno> {
+    let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
+    match finit_module(&f, c"", ModuleInitFlags::empty()) {
+        Err(Errno::EEXIST) => Ok(()),
+        r => r,
+    }
+}
 
 /// Filesystems that can hold the root; their modules wait for `load_for_fs`.
 const ROOT_FS: [&str; 3] = ["ext4", "xfs", "btrfs"];
@@ -97,19 +107,19 @@ impl Loader {
                 continue;
             }
             let t = Instant::now();
-            match sysinit::load_module(&m.path) {
+            match load_module(&m.path) {
                 Ok(()) => {
                     self.loaded += 1;
                     log::debug!("module {}: {} ms", m.name, t.elapsed().as_millis());
                 }
                 Err(e) => {
                     log::debug!("module {}: {e}", m.name);
-                    let why = match e.raw_os_error() {
-                        Some(libc::ENODEV) => "no device".to_string(),
-                        Some(libc::ENOENT) => "missing symbol or dependency".to_string(),
-                        Some(libc::ENOEXEC) => "bad format".to_string(),
-                        Some(n) => format!("errno {n}"),
-                        None => e.to_string(),
+                    // the kernel's words for the common cases; the errno name otherwise
+                    let why = match e {
+                        Errno::ENODEV => "no device",
+                        Errno::ENOENT => "missing symbol or dependency",
+                        Errno::ENOEXEC => "bad format",
+                        e => e.desc(),
                     };
                     self.skipped.push(format!("{} ({why})", m.name));
                     self.failed.push(m.name.clone());

@@ -1,14 +1,16 @@
-//! The thin I/O loop around the DHCP state machine: a raw socket on the chosen NIC, the real
+//! The DHCP client: the thin I/O loop around the DHCP state machine: a raw socket on the chosen NIC, the real
 //! clock, and then applying the lease. Acquiring and applying are separate steps (u-root's
 //! dhclient split), so the lease can be inspected before anything is configured.
 
-use super::apply::{self, Applied, ApplyError};
-use super::dhcp::{Action, Client, Config, Lease};
+use super::apply::{self, Applied};
+use super::dhcp::{Action, Lease, Machine, Params};
 use super::link::{self, LinkError, LinkUp, Nic};
+use super::rtnl::NetlinkError;
 use super::wire::dhcpv4::{DhcpMessage, CLIENT_PORT, SERVER_PORT};
 use super::wire::ipv4::UdpIpv4;
 use crate::deadline::Deadline;
 use crate::sys::packet::PacketSocket;
+use crate::sys::Errno;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,27 +18,18 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub enum DhcpError {
     Link(LinkError),
-    Socket {
-        iface: String,
-        source: std::io::Error,
-    },
-    NoLease {
-        iface: String,
-        waited: Duration,
-    },
-    Apply(ApplyError),
+    Socket { iface: String, errno: Errno },
+    NoLease { iface: String, waited: Duration },
+    Apply(NetlinkError),
 }
 
 impl DhcpError {
-    /// The fixed reason for a NotReady report (cloud-init's strings where they exist).
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DhcpError::Link(LinkError::NoInterface | LinkError::Unknown(_)) => {
-                "failure to find DHCP interface"
-            }
-            DhcpError::Apply(_) => "failure to configure network",
-            _ => "failure to obtain DHCP lease",
-        }
+    /// Whether the interface itself is missing (no NIC, or `--iface` names none).
+    pub fn no_interface(&self) -> bool {
+        matches!(
+            self,
+            DhcpError::Link(LinkError::NoInterface | LinkError::Unknown(_))
+        )
     }
 }
 
@@ -44,7 +37,7 @@ impl std::fmt::Display for DhcpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DhcpError::Link(e) => write!(f, "{e}"),
-            DhcpError::Socket { iface, source } => write!(f, "raw socket on {iface}: {source}"),
+            DhcpError::Socket { iface, errno } => write!(f, "raw socket on {iface}: {errno}"),
             DhcpError::NoLease { iface, waited } => write!(
                 f,
                 "failure to obtain DHCP lease on {iface} after {}s",
@@ -71,7 +64,7 @@ pub fn acquire(
         iface: nic.name.clone(),
         waited: started.elapsed(),
     };
-    let up = link::bring_up(&nic).map_err(DhcpError::Link)?;
+    let up = link::up(&nic).map_err(DhcpError::Link)?;
     if !link::wait_carrier(class_net, &nic.name, deadline) {
         log::warn!("no carrier on {} within the deadline", nic.name);
         return Err(no_lease(&nic));
@@ -81,19 +74,19 @@ pub fn acquire(
         nic.name,
         started.elapsed().as_millis()
     );
-    let sock = PacketSocket::open(nic.ifindex as i32).map_err(|source| DhcpError::Socket {
+    let sock = PacketSocket::open(nic.ifindex as i32).map_err(|errno| DhcpError::Socket {
         iface: nic.name.clone(),
-        source,
+        errno,
     })?;
     let mut seed = [0u8; 8];
     crate::sys::random_bytes(&mut seed);
     let t0 = Instant::now();
-    let cfg = Config {
+    let params = Params {
         mac: nic.mac,
         hostname: hostname.map(str::to_string),
         deadline: deadline.remaining(),
     };
-    let mut client = Client::new(cfg, u64::from_le_bytes(seed), Duration::ZERO);
+    let mut client = Machine::new(params, u64::from_le_bytes(seed), Duration::ZERO);
     let mut buf = vec![0u8; 2048];
     loop {
         let now = t0.elapsed();
@@ -130,10 +123,10 @@ pub fn acquire(
                         }
                     }
                     Ok(None) => {}
-                    Err(source) => {
+                    Err(errno) => {
                         return Err(DhcpError::Socket {
                             iface: nic.name.clone(),
-                            source,
+                            errno,
                         })
                     }
                 }

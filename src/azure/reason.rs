@@ -1,0 +1,205 @@
+//! Every reason Azure can be told in a NotReady report, in one enum (azure-init's `error.rs`,
+//! cloud-init's `ReportableError`): a fixed string per variant, so the set is reviewable in
+//! one place and the portal shows the same words for the same cause. The detail that goes
+//! with a reason (path, errno, status) travels beside it in a [`Failure`]; decisions are taken
+//! on the variant, never on text. docs/DESIGN.md §6 lists the table; the test below pins it.
+
+use std::fmt;
+
+macro_rules! reasons {
+    ($($variant:ident => $text:literal, $doc:literal;)*) => {
+        /// Why provisioning failed, as Azure is told it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in the order of the table.
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
+
+            /// The fixed string in `reason=…` of the NotReady description.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $text,)*
+                }
+            }
+
+            /// When this reason is given (the reason table in docs/DESIGN.md).
+            pub const fn when(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $doc,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    NoDhcpInterface => "failure to find DHCP interface",
+        "no Ethernet interface to configure, or `--iface`/`azprov.iface=` names none";
+    DhcpLease => "failure to obtain DHCP lease",
+        "no lease within the deadline (no carrier, no answer, NAKs), or the raw socket failed";
+    NetworkConfig => "failure to configure network",
+        "the kernel refused the lease's address, route or MTU over rtnetlink";
+    MediaRead => "failure to read provisioning media",
+        "a CD-ROM with a disc could not be mounted (udf, iso9660) or its ovf-env.xml not read";
+    OvfRead => "error reading ovf-env.xml",
+        "the ovf-env.xml file given with `--ovf` cannot be read";
+    OvfParse => "error parsing ovf-env.xml",
+        "ovf-env.xml is not well-formed or misses a required element";
+    PasswordLength => "unsupported password length",
+        "UserPassword is longer than 72 characters";
+    ImdsTimeout => "connection timeout querying IMDS",
+        "IMDS did not answer in time until the deadline";
+    ImdsConnection => "connection error querying IMDS",
+        "IMDS could not be reached (refused, unreachable, reset) until the deadline";
+    ImdsHttp => "http error querying IMDS",
+        "IMDS answered with a status that is fatal (400, 401, 403) or retried until the deadline";
+    ImdsParse => "error parsing IMDS metadata",
+        "IMDS answered 200 with a document that does not parse or is too large";
+    NoProvisioningData => "failed to obtain provisioning data",
+        "neither ovf-env.xml nor IMDS gave provisioning data (both causes follow as ovf= and imds=)";
+    NoHostname => "failed to determine hostname",
+        "neither IMDS computerName nor ovf-env.xml HostName is set";
+    InvalidHostname => "invalid hostname",
+        "the hostname is not a valid host name";
+    NoUsername => "failed to determine username",
+        "neither IMDS adminUsername nor ovf-env.xml UserName is set";
+    InvalidUsername => "invalid username",
+        "the user name is not valid or names an existing system account";
+    WriteHostname => "failed to write hostname",
+        "/etc/hostname or /etc/hosts could not be written";
+    CreateUser => "failed to create user",
+        "the account files, the home or the password could not be written";
+    WriteKeys => "failed to write authorized_keys",
+        "the user's authorized_keys could not be written";
+    WriteSudoers => "failed to write sudoers",
+        "/etc/sudoers.d/90-azprov could not be written";
+    WriteSshd => "failed to write sshd configuration",
+        "/etc/ssh/sshd_config.d/50-azprov.conf could not be written";
+    WriteCustomData => "failed to write custom data",
+        "/var/lib/azprov/customdata could not be written";
+    WriteUserData => "failed to write user data",
+        "/var/lib/azprov/userdata could not be written";
+    WriteImds => "failed to write instance metadata",
+        "/var/lib/azprov/imds.json could not be written";
+    WriteMarker => "failed to write provisioned marker",
+        "/var/lib/azprov/provisioned could not be written";
+    ReportFailed => "failed to report ready",
+        "the health report itself failed; Azure cannot be told, so this appears only locally";
+    Internal => "internal error",
+        "a bug: azprov panicked while provisioning";
+    Operator => "reported by operator",
+        "`azprov report failure --reason TEXT`; the operator's text follows as detail=";
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Why provisioning failed: the [`Reason`] Azure is told, the detail for the log (never a
+/// secret), and key=value pairs that go into the description as supporting data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: Reason,
+    pub detail: String,
+    pub extra: Vec<(&'static str, String)>,
+}
+
+impl Failure {
+    pub fn new(reason: Reason, detail: impl fmt::Display) -> Self {
+        Failure {
+            reason,
+            detail: detail.to_string(),
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.detail.is_empty() {
+            f.write_str(self.reason.as_str())
+        } else {
+            write!(f, "{}: {}", self.reason, self.detail)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole set Azure can receive. Changing a string changes what users see in the
+    /// portal and what their tooling matches: do it here, on purpose, and in docs/DESIGN.md.
+    #[test]
+    fn the_reason_table() {
+        let table: Vec<(Reason, &str)> = Reason::ALL.iter().map(|r| (*r, r.as_str())).collect();
+        assert_eq!(
+            table,
+            [
+                (Reason::NoDhcpInterface, "failure to find DHCP interface"),
+                (Reason::DhcpLease, "failure to obtain DHCP lease"),
+                (Reason::NetworkConfig, "failure to configure network"),
+                (Reason::MediaRead, "failure to read provisioning media"),
+                (Reason::OvfRead, "error reading ovf-env.xml"),
+                (Reason::OvfParse, "error parsing ovf-env.xml"),
+                (Reason::PasswordLength, "unsupported password length"),
+                (Reason::ImdsTimeout, "connection timeout querying IMDS"),
+                (Reason::ImdsConnection, "connection error querying IMDS"),
+                (Reason::ImdsHttp, "http error querying IMDS"),
+                (Reason::ImdsParse, "error parsing IMDS metadata"),
+                (
+                    Reason::NoProvisioningData,
+                    "failed to obtain provisioning data"
+                ),
+                (Reason::NoHostname, "failed to determine hostname"),
+                (Reason::InvalidHostname, "invalid hostname"),
+                (Reason::NoUsername, "failed to determine username"),
+                (Reason::InvalidUsername, "invalid username"),
+                (Reason::WriteHostname, "failed to write hostname"),
+                (Reason::CreateUser, "failed to create user"),
+                (Reason::WriteKeys, "failed to write authorized_keys"),
+                (Reason::WriteSudoers, "failed to write sudoers"),
+                (Reason::WriteSshd, "failed to write sshd configuration"),
+                (Reason::WriteCustomData, "failed to write custom data"),
+                (Reason::WriteUserData, "failed to write user data"),
+                (Reason::WriteImds, "failed to write instance metadata"),
+                (Reason::WriteMarker, "failed to write provisioned marker"),
+                (Reason::ReportFailed, "failed to report ready"),
+                (Reason::Internal, "internal error"),
+                (Reason::Operator, "reported by operator"),
+            ]
+        );
+    }
+
+    #[test]
+    fn reason_strings_fit_the_description_syntax() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            let s = r.as_str();
+            assert!(seen.insert(s), "{s} twice");
+            assert!(!s.contains(['|', '\'', '=', '\n']), "{s}");
+            assert!(!r.when().is_empty());
+        }
+    }
+
+    /// docs/DESIGN.md carries the same table; it must not drift from the enum.
+    #[test]
+    fn the_design_document_lists_every_reason() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/DESIGN.md"));
+        for r in Reason::ALL {
+            let row = format!("| `{}` | {} |", r.as_str(), r.when());
+            assert!(doc.contains(&row), "docs/DESIGN.md lacks the row: {row}");
+        }
+    }
+}

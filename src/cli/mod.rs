@@ -1,0 +1,122 @@
+//! The subcommands of docs/DESIGN.md §1 (tool and hook mode): argument parsing (`args`) and
+//! one file per command. Each returns a [`CliError`] that decides the exit code: 0 ok, 1 a
+//! network or provisioning failure, 2 bad input or usage.
+
+mod args;
+mod dhcp;
+mod inspect;
+mod provision;
+mod report;
+
+pub use args::Args;
+
+use crate::azure::http::HttpError;
+use crate::azure::{imds, wireserver};
+use serde::Serialize;
+use std::fmt;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+usage:
+  azprov                                   as PID 1 of an initramfs; otherwise prints this help
+  azprov ovf FILE | --device DEV [--json]  parse ovf-env.xml (the password is never printed)
+  azprov imds [--imds URL] [--timeout SECS] [--json]
+  azprov provision --root DIR [--iface IF] [--no-dhcp] [--media DEV]... [--ovf FILE] [--force]
+                   [--timeout SECS] [--json] [--wireserver IP[:PORT]] [--imds URL]
+  azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
+  azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
+  azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
+  azprov version
+exit codes: 0 ok, 1 failed (network, provisioning), 2 usage or bad input";
+
+/// Why a command failed, and so its exit code.
+#[derive(Debug)]
+pub enum CliError {
+    /// Wrong flags, a missing or malformed file: exit 2.
+    Usage(String),
+    /// The network or the fabric failed: exit 1.
+    Failed(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Failed(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Usage(m) | CliError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+pub(crate) fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}
+
+/// Runs a subcommand (`args` excludes the program name).
+pub fn run(args: &[String]) -> Result<(), CliError> {
+    let Some((cmd, rest)) = args.split_first() else {
+        return Err(usage(USAGE));
+    };
+    match cmd.as_str() {
+        "ovf" => inspect::cmd_ovf(rest),
+        "imds" => inspect::cmd_imds(rest),
+        "dhcp" => dhcp::cmd_dhcp(rest),
+        "provision" => provision::cmd_provision(rest),
+        "report" => report::cmd_report(rest),
+        "version" | "--version" => {
+            Args::parse(rest, &[], &[])?.no_positionals()?;
+            println!("azprov {}", crate::VERSION);
+            Ok(())
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(usage(format!(
+            "unknown command {other:?} (azprov --help lists them)"
+        ))),
+    }
+}
+
+pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(v)
+        .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+    println!("{s}");
+    Ok(())
+}
+
+/// `-` for a missing value in the plain-text output.
+pub(crate) fn opt<T: fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+pub(crate) fn network_failure(what: &str, timeout: Duration, e: &HttpError) -> CliError {
+    CliError::Failed(format!(
+        "{what} failed within {}s: {e}",
+        timeout.as_secs_f64()
+    ))
+}
+
+pub(crate) fn imds_base(a: &Args) -> Result<String, CliError> {
+    let base = a.value("imds")?.unwrap_or(imds::DEFAULT_BASE);
+    if !base.starts_with("http://") && !base.starts_with("https://") {
+        return Err(usage(format!(
+            "--imds: expected an http:// URL, got {base:?}"
+        )));
+    }
+    Ok(base.to_string())
+}
+
+pub(crate) fn wireserver_flag(a: &Args) -> Result<Option<std::net::SocketAddr>, CliError> {
+    a.value("wireserver")?
+        .map(wireserver::parse_endpoint)
+        .transpose()
+        .map_err(|e| usage(e.to_string()))
+}

@@ -1,0 +1,171 @@
+//! The other files of the contract: hostname and hosts, authorized_keys, the sudoers and sshd
+//! drop-ins, and azprov's state directory.
+
+use super::accounts::Account;
+use super::{io_err, write_atomic, Sysroot, WriteError, MARKER, STATE_DIR};
+use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path};
+
+impl Sysroot {
+    pub fn write_hostname(&self, h: &Hostname) -> Result<(), WriteError> {
+        self.write("/etc/hostname", format!("{h}\n").as_bytes(), 0o644, (0, 0))?;
+        // 127.0.1.1 maps the hostname, as Debian's installer writes it.
+        let old = self
+            .read("/etc/hosts")?
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|| "127.0.0.1\tlocalhost\n".into());
+        let entry = format!("127.0.1.1\t{h}");
+        let mut replaced = false;
+        let mut lines: Vec<String> = old
+            .lines()
+            .map(|l| {
+                if l.split_whitespace().next() == Some("127.0.1.1") {
+                    replaced = true;
+                    entry.clone()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        if !replaced {
+            let at = lines
+                .iter()
+                .position(|l| l.split_whitespace().next() == Some("127.0.0.1"))
+                .map_or(0, |i| i + 1);
+            lines.insert(at.min(lines.len()), entry);
+        }
+        let mut text = lines.join("\n");
+        text.push('\n');
+        self.rewrite("/etc/hosts", text.as_bytes(), 0o644)
+    }
+
+    /// Merges keys into the user's authorized_keys files without duplicates. A metadata `path`
+    /// is honoured only inside the home; `~/.ssh` must not be a symlink.
+    pub fn write_keys(
+        &self,
+        account: &Account,
+        user: &Username,
+        keys: &[KeyEntry],
+    ) -> Result<Vec<String>, WriteError> {
+        let default = format!("{}/.ssh/authorized_keys", account.home);
+        let mut files: Vec<(String, Vec<&KeyEntry>)> = Vec::new();
+        for k in keys {
+            let wanted = k.path.as_deref().map(|p| p.replace("$HOME", "/home"));
+            let path = match wanted {
+                Some(p) if inside_home(&p, &account.home) => p,
+                Some(p) => {
+                    log::warn!("key path {p} is outside {}'s home; using {default}", user);
+                    default.clone()
+                }
+                None => default.clone(),
+            };
+            match files.iter_mut().find(|(f, _)| *f == path) {
+                Some((_, list)) => list.push(k),
+                None => files.push((path, vec![k])),
+            }
+        }
+        let owner = (account.uid, account.gid);
+        let ssh_dir = format!("{}/.ssh", account.home);
+        let resolved = self.resolve(&ssh_dir)?;
+        if let Ok(md) = fs::symlink_metadata(&resolved) {
+            if md.file_type().is_symlink() {
+                return Err(WriteError::Symlink(ssh_dir));
+            }
+        }
+        self.mkdir(&ssh_dir, 0o700, owner)?;
+        fs::set_permissions(&resolved, fs::Permissions::from_mode(0o700))
+            .map_err(io_err("chmod", &resolved))?;
+        std::os::unix::fs::lchown(&resolved, Some(owner.0), Some(owner.1))
+            .map_err(io_err("chown", &resolved))?;
+        let mut written = Vec::new();
+        for (path, list) in files {
+            let p = self.resolve(&path)?;
+            // never through a symlink below the (checked) home, such as ~/.ssh/x -> /etc
+            if !p.starts_with(self.resolve(&account.home)?) {
+                return Err(WriteError::Escape(path));
+            }
+            if let Ok(md) = fs::symlink_metadata(&p) {
+                if md.file_type().is_symlink() {
+                    return Err(WriteError::Symlink(path));
+                }
+            }
+            if let Some(parent) = Path::new(&path).parent() {
+                self.mkdir(&parent.to_string_lossy(), 0o700, owner)?;
+            }
+            let existing = match fs::read(&p) {
+                Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(io_err("read", &p)(e)),
+            };
+            let mut lines: Vec<String> = existing.lines().map(str::to_string).collect();
+            let have: Vec<String> = lines
+                .iter()
+                .filter_map(|l| SshKey::parse(l).ok().map(|k| k.identity()))
+                .collect();
+            for k in list {
+                if !have.contains(&k.key.identity())
+                    && !lines.iter().any(|l| l.trim() == k.key.as_str())
+                {
+                    lines.push(k.key.as_str().to_string());
+                }
+            }
+            let mut text = lines.join("\n");
+            text.push('\n');
+            write_atomic(&p, text.as_bytes(), 0o600, owner)?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+
+    pub fn write_sudoers(&self, user: &Username, has_password: bool) -> Result<(), WriteError> {
+        self.mkdir("/etc/sudoers.d", 0o750, (0, 0))?;
+        let rule = if has_password { "ALL" } else { "NOPASSWD:ALL" };
+        let text = format!("# written by azprov\n{user} ALL=(ALL) {rule}\n");
+        self.write("/etc/sudoers.d/90-azprov", text.as_bytes(), 0o440, (0, 0))
+    }
+
+    /// Writes the sshd drop-in when the root's sshd reads drop-ins; returns whether it did.
+    pub fn write_sshd(&self, password_auth: bool) -> Result<bool, WriteError> {
+        let dir = self.resolve("/etc/ssh/sshd_config.d")?;
+        if !fs::symlink_metadata(&dir)
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
+            return Ok(false);
+        }
+        let text = format!(
+            "# written by azprov\nPasswordAuthentication {}\n",
+            if password_auth { "yes" } else { "no" }
+        );
+        self.write(
+            "/etc/ssh/sshd_config.d/50-azprov.conf",
+            text.as_bytes(),
+            0o644,
+            (0, 0),
+        )?;
+        Ok(true)
+    }
+
+    pub fn write_state(&self, name: &str, data: &[u8]) -> Result<(), WriteError> {
+        self.mkdir(STATE_DIR, 0o700, (0, 0))?;
+        self.write(&format!("{STATE_DIR}/{name}"), data, 0o600, (0, 0))
+    }
+
+    pub fn read_marker(&self) -> Option<String> {
+        self.read(MARKER)
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+    }
+}
+
+fn inside_home(path: &str, home: &str) -> bool {
+    let p = Path::new(path);
+    p.is_absolute()
+        && !p.components().any(|c| c == Component::ParentDir)
+        && p.starts_with(home)
+        && p != Path::new(home)
+}

@@ -1,0 +1,270 @@
+//! The mounted real root (docs/DESIGN.md §3): paths resolved inside it the way a chroot would
+//! see them (a symlink that would lead out of it is refused), and atomic writes (temp file in
+//! the same directory, fsync, rename, fsync of the directory) with mode and owner set before
+//! the rename. The account files are edited in `accounts`, the other files of the contract
+//! written in `files`. No useradd, passwd or hostnamectl: an initramfs has none of them.
+
+mod accounts;
+mod files;
+
+pub use accounts::{hash_password, Account};
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+pub const MARKER: &str = "/var/lib/azprov/provisioned";
+pub const STATE_DIR: &str = "/var/lib/azprov";
+pub const LOG_FILE: &str = "/var/log/azprov.log";
+
+#[derive(Debug)]
+pub enum WriteError {
+    /// A symlink on the way leads out of the root (or `..` climbs above it).
+    Escape(String),
+    /// A path that must not be a symlink is one (e.g. `~/.ssh`).
+    Symlink(String),
+    Io {
+        op: &'static str,
+        path: String,
+        source: io::Error,
+    },
+    /// The user name belongs to a system account (uid below UID_MIN).
+    SystemAccount {
+        name: String,
+        uid: u32,
+    },
+    /// No free uid or gid in the login.defs range.
+    NoFreeId,
+    Corrupt(String),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Escape(p) => write!(f, "{p}: a symlink leads out of the root"),
+            WriteError::Symlink(p) => write!(f, "{p} is a symlink; refusing to write through it"),
+            WriteError::Io { op, path, source } => write!(f, "{op} {path}: {source}"),
+            WriteError::SystemAccount { name, uid } => {
+                write!(f, "{name} is an existing system account (uid {uid})")
+            }
+            WriteError::NoFreeId => write!(f, "no free uid/gid in the login.defs range"),
+            WriteError::Corrupt(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+pub(super) fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> WriteError + 'a {
+    move |source| WriteError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The mounted real root, and every write azprov makes into it.
+pub struct Sysroot {
+    root: PathBuf,
+}
+
+impl Sysroot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Sysroot { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Maps an absolute path of the root's own view (`/etc/passwd`) to a host path, following
+    /// symlinks in the directories on the way with the root as `/`. The last component is not
+    /// followed: atomic writes replace it.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, WriteError> {
+        let mut pending: VecDeque<OsString> = VecDeque::new();
+        for c in Path::new(path).components() {
+            match c {
+                Component::Normal(n) => pending.push_back(n.to_owned()),
+                Component::ParentDir => pending.push_back("..".into()),
+                _ => {}
+            }
+        }
+        let last = pending
+            .pop_back()
+            .ok_or_else(|| WriteError::Corrupt(format!("empty path {path:?}")))?;
+        let mut cur: Vec<OsString> = Vec::new();
+        let mut links = 0;
+        while let Some(c) = pending.pop_front() {
+            if c == ".." {
+                cur.pop()
+                    .ok_or_else(|| WriteError::Escape(path.to_string()))?;
+                continue;
+            }
+            let here: PathBuf = self
+                .root
+                .iter()
+                .chain(cur.iter().map(|s| s.as_ref()))
+                .collect::<PathBuf>()
+                .join(&c);
+            match fs::symlink_metadata(&here) {
+                Ok(md) if md.file_type().is_symlink() => {
+                    links += 1;
+                    if links > 40 {
+                        return Err(WriteError::Escape(path.to_string()));
+                    }
+                    let target = fs::read_link(&here).map_err(io_err("readlink", &here))?;
+                    if target.is_absolute() {
+                        cur.clear();
+                    }
+                    let mut parts: Vec<OsString> = Vec::new();
+                    for t in target.components() {
+                        match t {
+                            Component::Normal(n) => parts.push(n.to_owned()),
+                            Component::ParentDir => parts.push("..".into()),
+                            _ => {}
+                        }
+                    }
+                    for p in parts.into_iter().rev() {
+                        pending.push_front(p);
+                    }
+                }
+                _ => cur.push(c),
+            }
+        }
+        if last == ".." {
+            return Err(WriteError::Escape(path.to_string()));
+        }
+        let mut out = self.root.clone();
+        out.extend(cur);
+        out.push(last);
+        Ok(out)
+    }
+
+    /// Like `resolve`, and follows the last component too (for an executable such as init).
+    pub fn resolve_full(&self, path: &str) -> Result<PathBuf, WriteError> {
+        let mut p = path.to_string();
+        for _ in 0..40 {
+            let host = self.resolve(&p)?;
+            match fs::read_link(&host) {
+                Ok(target) => {
+                    let t = target.to_string_lossy().into_owned();
+                    p = if target.is_absolute() {
+                        t
+                    } else {
+                        let parent = Path::new(&p).parent().unwrap_or(Path::new("/"));
+                        parent.join(t).to_string_lossy().into_owned()
+                    };
+                }
+                Err(_) => return Ok(host),
+            }
+        }
+        Err(WriteError::Escape(path.to_string()))
+    }
+
+    pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>, WriteError> {
+        let p = self.resolve(path)?;
+        match fs::read(&p) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err("read", &p)(e)),
+        }
+    }
+
+    /// Whether `path` exists as the root sees it (symlinks followed inside the root).
+    pub fn exists(&self, path: &str) -> bool {
+        self.resolve_full(path)
+            .map(|p| fs::symlink_metadata(p).is_ok())
+            .unwrap_or(false)
+    }
+
+    /// Creates `path` and its missing parents (parents 0755 root, the last one `mode`).
+    pub fn mkdir(&self, path: &str, mode: u32, owner: (u32, u32)) -> Result<PathBuf, WriteError> {
+        let p = self.resolve(path)?;
+        if let Ok(md) = fs::symlink_metadata(&p) {
+            if md.file_type().is_symlink() {
+                return Err(WriteError::Symlink(path.to_string()));
+            }
+            return Ok(p);
+        }
+        if let Some(parent) = Path::new(path).parent().filter(|p| *p != Path::new("/")) {
+            let parent = parent.to_string_lossy();
+            self.mkdir(&parent, 0o755, (0, 0))?;
+        }
+        fs::create_dir(&p).map_err(io_err("mkdir", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))?;
+        std::os::unix::fs::lchown(&p, Some(owner.0), Some(owner.1)).map_err(io_err("chown", &p))?;
+        Ok(p)
+    }
+
+    /// Writes `data` to `path` atomically with this mode and owner.
+    pub fn write(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: u32,
+        owner: (u32, u32),
+    ) -> Result<(), WriteError> {
+        let p = self.resolve(path)?;
+        write_atomic(&p, data, mode, owner)
+    }
+
+    /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…).
+    pub(super) fn rewrite(
+        &self,
+        path: &str,
+        data: &[u8],
+        default_mode: u32,
+    ) -> Result<(), WriteError> {
+        let p = self.resolve(path)?;
+        let (mode, owner) = match fs::metadata(&p) {
+            Ok(md) => (md.mode() & 0o7777, (md.uid(), md.gid())),
+            Err(_) => (default_mode, (0, 0)),
+        };
+        write_atomic(&p, data, mode, owner)
+    }
+}
+
+/// temp file in the same directory, mode and owner set, fsync, rename, fsync the directory.
+pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Result<(), WriteError> {
+    let dir = p
+        .parent()
+        .ok_or_else(|| WriteError::Corrupt(format!("{} has no parent", p.display())))?;
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.azprov-tmp"));
+    let _ = fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
+        f.write_all(data).map_err(io_err("write", &tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", &tmp))?;
+        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))
+            .map_err(io_err("chown", &tmp))?;
+        f.sync_all().map_err(io_err("fsync", &tmp))?;
+        fs::rename(&tmp, p).map_err(io_err("rename", p))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", dir))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests;
