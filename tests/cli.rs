@@ -236,10 +236,13 @@ fn report_ready_and_failure() {
     let failed = String::from_utf8(reqs[3].body.clone()).unwrap();
     assert!(failed.contains("<State>NotReady</State>"), "{failed}");
     assert!(failed.contains("<SubStatus>ProvisioningFailed</SubStatus>"));
+    // the reason is the fixed one; the operator's words follow as detail=, escaped
     assert!(
-        failed.contains(
-            "result=error|reason=failed to write authorized_keys &amp; &lt;more&gt;|agent=azprov/"
-        ),
+        failed.contains("result=error|reason=reported by operator|agent=azprov/"),
+        "{failed}"
+    );
+    assert!(
+        failed.contains("|detail=failed to write authorized_keys &amp; &lt;more&gt;|vm_id="),
         "{failed}"
     );
 }

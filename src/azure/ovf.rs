@@ -24,7 +24,7 @@ pub struct OvfKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OvfEnv {
     pub hostname: String,
-    pub username: String,
+    pub username: Option<String>,
     pub password: Option<Secret<String>>,
     pub disable_ssh_password_auth: Option<bool>,
     pub ssh_keys: Vec<OvfKey>,
@@ -35,7 +35,7 @@ pub struct OvfEnv {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OvfError {
-    NotXml(String),
+    NotXml(super::xml::XmlError),
     NotAzure,
     Missing(&'static str),
     Duplicate(String),
@@ -80,14 +80,15 @@ impl OvfError {
 
 /// Parses ovf-env.xml bytes.
 pub fn parse(bytes: &[u8]) -> Result<OvfEnv, OvfError> {
-    let root = xml::parse(bytes).map_err(|e| OvfError::NotXml(e.0))?;
+    let root = xml::parse(bytes).map_err(OvfError::NotXml)?;
     let prov = single_wa(&root, "ProvisioningSection")?.ok_or(OvfError::NotAzure)?;
     let set = unique(prov, "LinuxProvisioningConfigurationSet")?
         .ok_or(OvfError::Missing("LinuxProvisioningConfigurationSet"))?;
 
     let hostname = text(set, "HostName")?.ok_or(OvfError::Missing("HostName"))?;
-    let username = text(set, "UserName")?.ok_or(OvfError::Missing("UserName"))?;
-    let password = match text(set, "UserPassword")? {
+    // IMDS carries adminUsername too: the merge fails only when no source names a user.
+    let username = text(set, "UserName")?;
+    let password = match raw_text(set, "UserPassword")? {
         Some(p) if p.chars().count() > MAX_PASSWORD_CHARS => {
             return Err(OvfError::PasswordTooLong(p.chars().count()))
         }
@@ -170,6 +171,13 @@ fn unique<'a>(parent: &'a Element, local: &str) -> Result<Option<&'a Element>, O
 /// The trimmed text of a unique child; an empty element counts as absent.
 fn text(parent: &Element, local: &str) -> Result<Option<String>, OvfError> {
     Ok(unique(parent, local)?
+        .map(|e| e.trimmed().to_string())
+        .filter(|t| !t.is_empty()))
+}
+
+/// The exact text of a unique child (UserPassword: spaces at the ends are part of it).
+fn raw_text(parent: &Element, local: &str) -> Result<Option<String>, OvfError> {
+    Ok(unique(parent, local)?
         .map(|e| e.text.clone())
         .filter(|t| !t.is_empty()))
 }
@@ -211,7 +219,7 @@ mod tests {
     fn wala_sample_with_wa_prefix_and_default_namespace_children() {
         let env = parse(fixture!("ovf", "wala.xml")).unwrap();
         assert_eq!(env.hostname, "vm-wala");
-        assert_eq!(env.username, "azureuser");
+        assert_eq!(env.username.as_deref(), Some("azureuser"));
         assert_eq!(env.password.as_ref().unwrap().expose(), "S3cr3t&Pass");
         assert_eq!(env.disable_ssh_password_auth, Some(false));
         assert_eq!(values(&env), ["ssh-rsa AAAANOTAREALKEY== foo@bar.local"]);
@@ -233,7 +241,7 @@ mod tests {
     fn ns1_prefix_everywhere_with_pps() {
         let env = parse(fixture!("ovf", "ns1.xml")).unwrap();
         assert_eq!(env.hostname, "vm-ns1");
-        assert_eq!(env.username, "myuser");
+        assert_eq!(env.username.as_deref(), Some("myuser"));
         assert!(env.password.is_none());
         assert_eq!(env.disable_ssh_password_auth, Some(true));
         assert_eq!(
@@ -251,7 +259,7 @@ mod tests {
     fn bom_crlf_mixed_namespaces_empty_password_wrapped_base64() {
         let env = parse(fixture!("ovf", "mixed-crlf-bom.xml")).unwrap();
         assert_eq!(env.hostname, "vm-mixed");
-        assert_eq!(env.username, "mixeduser");
+        assert_eq!(env.username.as_deref(), Some("mixeduser"));
         assert!(
             env.password.is_none(),
             "an empty <UserPassword/> is no password"
@@ -269,7 +277,10 @@ mod tests {
     fn minimal_document() {
         let env = parse(fixture!("ovf", "minimal.xml")).unwrap();
         assert_eq!(
-            (env.hostname.as_str(), env.username.as_str()),
+            (
+                env.hostname.as_str(),
+                env.username.as_deref().unwrap_or_default()
+            ),
             ("vm-min", "minuser")
         );
         assert!(env.custom_data.is_none());
@@ -290,8 +301,8 @@ mod tests {
             Err(OvfError::Missing("HostName"))
         );
         assert_eq!(
-            parse(fixture!("ovf", "no-username.xml")),
-            Err(OvfError::Missing("UserName"))
+            parse(fixture!("ovf", "no-username.xml")).unwrap().username,
+            None
         );
         assert_eq!(
             parse(fixture!("ovf", "duplicate-hostname.xml")),

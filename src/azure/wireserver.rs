@@ -52,7 +52,7 @@ pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, GoalStateError> {
         return Err(GoalStateError::Root(root.local.clone()));
     }
     let field = |v: Option<&xml::Element>, name: &'static str| {
-        v.map(|e| e.text.clone())
+        v.map(|e| e.trimmed().to_string())
             .filter(|t| !t.is_empty())
             .ok_or(GoalStateError::Missing(name))
     };

@@ -12,7 +12,7 @@ use std::time::Duration;
 #[derive(Serialize)]
 struct OvfJson<'a> {
     hostname: &'a str,
-    username: &'a str,
+    username: Option<&'a str>,
     has_password: bool,
     disable_ssh_password_auth: Option<bool>,
     ssh_keys: Vec<&'a str>,
@@ -49,7 +49,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
     let env = ovf::parse(&bytes).map_err(|e| usage(format!("{name}: {e}")))?;
     let out = OvfJson {
         hostname: &env.hostname,
-        username: &env.username,
+        username: env.username.as_deref(),
         has_password: env.password.is_some(),
         disable_ssh_password_auth: env.disable_ssh_password_auth,
         ssh_keys: env
@@ -65,7 +65,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
         return print_json(&out);
     }
     println!("hostname: {}", out.hostname);
-    println!("username: {}", out.username);
+    println!("username: {}", opt(out.username));
     println!(
         "password: {}",
         if out.has_password {

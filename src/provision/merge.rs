@@ -42,7 +42,7 @@ pub fn merge(
     )?;
     let username = pick(
         m.and_then(|m| m.admin_username.as_deref()),
-        ovf_env.map(|o| o.username.as_str()),
+        ovf_env.and_then(|o| o.username.as_deref()),
         (Reason::NoUsername, Reason::InvalidUsername),
         Username::parse,
     )?;

@@ -236,7 +236,7 @@ pub fn provision(opts: &Options) -> Summary {
         Ok(Some(o)) => log::info!(
             "media: {ms_media} ms: ovf-env.xml for {} / {}",
             o.hostname,
-            o.username
+            o.username.as_deref().unwrap_or("(from IMDS)")
         ),
         Ok(None) => log::info!("media: {ms_media} ms: no provisioning media; IMDS only"),
         Err(f) => log::warn!("media: {ms_media} ms: {f}"),
