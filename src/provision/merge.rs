@@ -14,8 +14,12 @@ pub fn merge(
 ) -> Result<ProvisioningData, Failure> {
     let ovf_env = match ovf {
         Ok(o) => o.as_ref(),
-        // A password Azure cannot apply must not be dropped silently.
-        Err(f) if f.reason == Reason::PasswordLength => return Err(f.clone()),
+        // An Azure ovf-env.xml that does not parse (or holds a password Azure cannot apply)
+        // fails the run, as in cloud-init: going on with IMDS alone would drop the password
+        // and the custom data silently. A disc that could not be read is only a missing source.
+        Err(f) if matches!(f.reason, Reason::OvfParse | Reason::PasswordLength) => {
+            return Err(f.clone())
+        }
         Err(_) => None,
     };
     let imds = imds.as_ref();
@@ -208,6 +212,19 @@ mod tests {
                 "connection error querying IMDS: refused".to_string()
             )
         );
+    }
+
+    #[test]
+    fn a_broken_ovf_fails_even_when_imds_answers() {
+        let (_, m) = both();
+        let broken = Err(Failure::new(
+            Reason::OvfParse,
+            "CustomData: not valid base64",
+        ));
+        assert_eq!(merge(&broken, &m).unwrap_err().reason, Reason::OvfParse);
+        // an unreadable disc is a missing source: IMDS alone provisions
+        let unread = Err(Failure::new(Reason::MediaRead, "sr0: EIO"));
+        assert!(merge(&unread, &m).is_ok());
     }
 
     #[test]

@@ -194,9 +194,15 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
             }
         }
     };
-    ovf::parse(&bytes)
-        .map(Some)
-        .map_err(|e| Failure::new(e.reason(), format!("{name}: {e}")))
+    match ovf::parse(&bytes) {
+        Ok(env) => Ok(Some(env)),
+        // Some other XML document, not Azure's provisioning data: no OVF, not a broken one.
+        Err(e @ ovf::OvfError::NotAzure) => {
+            log::info!("{name}: {e}; ignored");
+            Ok(None)
+        }
+        Err(e) => Err(Failure::new(e.reason(), format!("{name}: {e}"))),
+    }
 }
 
 /// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of

@@ -14,7 +14,7 @@ pub struct FsInfo {
 }
 
 fn get(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
-    b.get(at..at + len)
+    b.get(at..at.checked_add(len)?)
 }
 
 fn le32(b: &[u8], at: usize) -> Option<u32> {
@@ -112,6 +112,11 @@ pub struct PartInfo {
     pub partlabel: String,
 }
 
+/// The largest GPT entry array read (the usual one is 128 × 128 bytes = 16 KiB).
+pub const GPT_ENTRIES_MAX: u64 = 1 << 20;
+/// Reads from a device go in pieces of at most this many bytes.
+const READ_CHUNK: usize = 64 * 1024;
+
 /// Partitions from a GPT (LBA 1 header; `read_at` reads disk bytes) or an MBR.
 pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Vec<PartInfo> {
     const SECTOR: u64 = 512;
@@ -123,10 +128,22 @@ pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Ve
         let (Some(lba), Some(n), Some(size)) = (le64(h, 72), le32(h, 80), le32(h, 84)) else {
             return Vec::new();
         };
-        if size < 128 || n > 1024 {
+        // Disks are untrusted input: a sane entry size (UEFI: 128 × 2^k), an entry array of at
+        // most GPT_ENTRIES_MAX bytes, and checked arithmetic, so no header field sizes an
+        // allocation or wraps an offset.
+        if !(128..=4096).contains(&size) || !size.is_power_of_two() {
             return Vec::new();
         }
-        let Some(entries) = read_at(lba * SECTOR, (n * size) as usize) else {
+        let Some(bytes) = u64::from(n)
+            .checked_mul(u64::from(size))
+            .filter(|b| *b <= GPT_ENTRIES_MAX)
+        else {
+            return Vec::new();
+        };
+        let Some(at) = lba.checked_mul(SECTOR) else {
+            return Vec::new();
+        };
+        let Some(entries) = read_at(at, bytes as usize) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -183,16 +200,17 @@ pub struct BlockDev {
 fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
     let mut f = File::open(path).ok()?;
     f.seek(SeekFrom::Start(off)).ok()?;
-    let mut buf = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        match f.read(buf.get_mut(got..)?) {
+    // grows by what the device actually returns, so a short device never costs `len` bytes
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; READ_CHUNK.min(len)];
+    while buf.len() < len {
+        let want = (len - buf.len()).min(chunk.len());
+        match f.read(chunk.get_mut(..want)?) {
             Ok(0) => break,
-            Ok(n) => got += n,
+            Ok(n) => buf.extend_from_slice(chunk.get(..n)?),
             Err(_) => return None,
         }
     }
-    buf.truncate(got);
     Some(buf)
 }
 
@@ -310,6 +328,39 @@ mod tests {
                 partlabel: "rootfs".into()
             }]
         );
+    }
+
+    #[test]
+    fn hostile_gpt_headers_are_refused_without_a_large_read() {
+        for (n, size) in [
+            (u32::MAX, 4096u32),
+            (1024, 100),
+            (4, 129),
+            (4, 8192),
+            (16384, 128),
+        ] {
+            let mut d = gpt_disk();
+            d[512 + 80..512 + 84].copy_from_slice(&n.to_le_bytes());
+            d[512 + 84..512 + 88].copy_from_slice(&size.to_le_bytes());
+            let mut asked = 0usize;
+            let parts = probe_table(&mut |off, len| {
+                asked = asked.max(len);
+                d.get(off as usize..(off as usize).saturating_add(len))
+                    .map(<[u8]>::to_vec)
+            });
+            assert!(parts.is_empty(), "n={n} size={size}");
+            assert!(
+                asked as u64 <= GPT_ENTRIES_MAX,
+                "n={n} size={size}: read {asked}"
+            );
+        }
+        // an entry LBA that would wrap the byte offset
+        let mut d = gpt_disk();
+        d[512 + 72..512 + 80].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(probe_table(&mut |off, len| d
+            .get(off as usize..(off as usize).saturating_add(len))
+            .map(<[u8]>::to_vec))
+        .is_empty());
     }
 
     #[test]
