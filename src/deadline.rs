@@ -8,11 +8,18 @@ pub struct Deadline {
     end: Instant,
 }
 
+/// The furthest a deadline reaches: a huge `rootdelay=` or `--timeout` saturates here instead
+/// of overflowing the clock (about 31 years; nothing waits that long in practice).
+pub const FOREVER: Duration = Duration::from_secs(1_000_000_000);
+
+fn later(budget: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(budget.min(FOREVER)).unwrap_or(now)
+}
+
 impl Deadline {
     pub fn after(budget: Duration) -> Self {
-        Deadline {
-            end: Instant::now() + budget,
-        }
+        Deadline { end: later(budget) }
     }
 
     pub fn remaining(&self) -> Duration {
@@ -25,7 +32,7 @@ impl Deadline {
 
     /// The earlier of this deadline and `budget` from now.
     pub fn min(&self, budget: Duration) -> Self {
-        let other = Instant::now() + budget;
+        let other = later(budget);
         Deadline {
             end: self.end.min(other),
         }
@@ -74,6 +81,13 @@ pub fn jitter() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_budgets_saturate() {
+        let d = Deadline::after(Duration::from_secs(u64::MAX));
+        assert!(d.remaining() > Duration::from_secs(1 << 20));
+        assert!(d.min(Duration::MAX).remaining() <= FOREVER);
+    }
 
     #[test]
     fn backoff_doubles_then_caps() {

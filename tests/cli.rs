@@ -146,6 +146,12 @@ fn bad_input_exits_2_with_one_line() {
     one_line_error(&azprov(&["imds", "--bogus"]), 2, "--bogus");
     one_line_error(&azprov(&["imds", "--timeout", "soon"]), 2, "--timeout");
     one_line_error(&azprov(&["report", "failure"]), 2, "--reason");
+    // without the tls feature an https:// IMDS is refused at once, not after retries
+    one_line_error(
+        &azprov(&["imds", "--imds", "https://127.0.0.1:9", "--timeout", "30"]),
+        2,
+        "no TLS",
+    );
     one_line_error(
         &azprov(&["report", "ready", "--wireserver", "nowhere"]),
         2,

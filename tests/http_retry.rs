@@ -68,8 +68,8 @@ fn imds_retries_404_410_and_5xx_and_truncated_bodies() {
 }
 
 #[test]
-fn imds_403_and_400_are_fatal_at_once() {
-    for status in [400, 401, 403] {
+fn imds_403_and_401_are_fatal_at_once() {
+    for status in [401, 403] {
         let s = Server::start(vec![answer(status, ""), answer(200, &imds_doc())]);
         let e = imds::fetch(
             &client(),
@@ -81,6 +81,49 @@ fn imds_403_and_400_are_fatal_at_once() {
         assert!(matches!(e, HttpError::Status { .. }), "{e:?}");
         assert_eq!(s.requests().len(), 1, "status {status}");
     }
+}
+
+#[test]
+fn imds_400_asks_once_more_with_the_older_api_version() {
+    let s = Server::start(vec![answer(400, ""), answer(200, &imds_doc())]);
+    imds::fetch(
+        &client(),
+        &base(&s),
+        Deadline::after(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let paths: Vec<String> = s.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(
+        paths,
+        [imds::INSTANCE_PATH, imds::FALLBACK_PATH],
+        "one retry, with api-version 2021-02-01"
+    );
+    // 400 to both: fatal after the second request
+    let s = Server::start(vec![answer(400, "")]);
+    let e = imds::fetch(
+        &client(),
+        &base(&s),
+        Deadline::after(Duration::from_secs(10)),
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    assert_eq!(s.requests().len(), 2);
+}
+
+#[test]
+fn an_unparsable_200_is_retried_three_times_not_until_the_deadline() {
+    let s = Server::start(vec![answer(200, "{\"compute\": garbage")]);
+    let e = imds::fetch(
+        &client(),
+        &base(&s),
+        Deadline::after(Duration::from_secs(60)),
+    )
+    .unwrap_err();
+    assert!(matches!(e, HttpError::Invalid { .. }), "{e:?}");
+    assert_eq!(
+        s.requests().len() as u32,
+        1 + azprov::azure::http::MAX_UNPARSABLE_RETRIES
+    );
 }
 
 #[test]

@@ -87,6 +87,9 @@ impl fmt::Display for HttpError {
 
 impl std::error::Error for HttpError {}
 
+/// How often a 2xx answer whose body does not parse is asked for again.
+pub const MAX_UNPARSABLE_RETRIES: u32 = 3;
+
 #[derive(Debug, Clone, Copy)]
 pub enum Method {
     Get,
@@ -148,6 +151,7 @@ impl Client {
         parse: impl Fn(&[u8]) -> Result<T, E>,
     ) -> Result<T, HttpError> {
         let mut attempt: u32 = 0;
+        let mut unparsable: u32 = 0;
         loop {
             attempt += 1;
             let err = match self.send_once(req, deadline) {
@@ -160,7 +164,12 @@ impl Client {
                 },
                 Err(e) => e,
             };
-            if !err.retryable(class) {
+            // a 2xx whose body does not parse may be a cut connection; a few retries, not the
+            // whole deadline (the caller has another source to fall back on)
+            if matches!(err, HttpError::Invalid { .. }) {
+                unparsable += 1;
+            }
+            if !err.retryable(class) || unparsable > MAX_UNPARSABLE_RETRIES {
                 return Err(err);
             }
             let wait = self.backoff.delay(attempt - 1, jitter());

@@ -10,6 +10,9 @@ use serde::Deserialize;
 pub const DEFAULT_BASE: &str = "http://169.254.169.254";
 /// `extended=true` makes IMDS fail instead of answering partial data (azure-init #134).
 pub const INSTANCE_PATH: &str = "/metadata/instance?api-version=2023-11-15&extended=true";
+/// What an IMDS that answers 400 to the current api-version gets asked once more (cloud-init
+/// falls back the same way); `extended` is newer than this version, so it is left out.
+pub const FALLBACK_PATH: &str = "/metadata/instance?api-version=2021-02-01";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImdsKey {
@@ -238,14 +241,24 @@ pub fn parse(bytes: &[u8]) -> Result<Imds, ImdsError> {
 /// GETs the instance document from `base` (e.g. `http://169.254.169.254`) with the IMDS retry
 /// class, until it parses or the deadline passes.
 pub fn fetch(client: &Client, base: &str, deadline: Deadline) -> Result<Imds, HttpError> {
-    let url = format!("{}{}", base.trim_end_matches('/'), INSTANCE_PATH);
-    let req = Request {
-        method: Method::Get,
-        url: &url,
-        headers: &[("Metadata", "true")],
-        body: &[],
+    let base = base.trim_end_matches('/');
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        let req = Request {
+            method: Method::Get,
+            url: &url,
+            headers: &[("Metadata", "true")],
+            body: &[],
+        };
+        client.fetch(Class::Imds, &req, deadline, parse)
     };
-    client.fetch(Class::Imds, &req, deadline, parse)
+    match get(INSTANCE_PATH) {
+        Err(e) if e.status() == Some(400) => {
+            log::info!("IMDS refused api-version 2023-11-15 (400); asking for 2021-02-01");
+            get(FALLBACK_PATH)
+        }
+        r => r,
+    }
 }
 
 #[cfg(test)]

@@ -106,9 +106,16 @@ pub(crate) fn network_failure(what: &str, timeout: Duration, e: &HttpError) -> C
 
 pub(crate) fn imds_base(a: &Args) -> Result<String, CliError> {
     let base = a.value("imds")?.unwrap_or(imds::DEFAULT_BASE);
-    if !base.starts_with("http://") && !base.starts_with("https://") {
+    // https:// works only in a build with the `tls` feature; say so now, not after retries
+    let https_ok = cfg!(feature = "tls") && base.starts_with("https://");
+    if !base.starts_with("http://") && !https_ok {
+        let hint = if base.starts_with("https://") {
+            " (this build has no TLS: rebuild with --features tls)"
+        } else {
+            ""
+        };
         return Err(usage(format!(
-            "--imds: expected an http:// URL, got {base:?}"
+            "--imds: expected an http:// URL, got {base:?}{hint}"
         )));
     }
     Ok(base.to_string())

@@ -289,11 +289,16 @@ pub fn provision(opts: &Options) -> Summary {
     };
 
     let t = Instant::now();
+    // A bug in the writes must still reach Azure as a reason while the network is up: the
+    // panic is caught here, and the report below says "internal error".
     let written = data.and_then(|data| {
         s.describe(&data);
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
         let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
-        super::write::write_all(&root, &data, &vm_id)
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::write::write_all(&root, &data, &vm_id)
+        }))
+        .unwrap_or_else(|_| Err(Failure::new(Reason::Internal, "panic while writing")))
     });
     s.timings_ms.write = ms(t.elapsed());
     if written.is_ok() {
