@@ -18,6 +18,10 @@ pub enum Invalid {
     SshKey {
         start: String,
     },
+    /// An SSH key line longer than `SSH_KEY_MAX` bytes (an RSA-16384 key is about 2.8 KiB).
+    SshKeyTooLong {
+        len: usize,
+    },
 }
 
 impl fmt::Display for Invalid {
@@ -26,6 +30,9 @@ impl fmt::Display for Invalid {
             Invalid::Hostname { value, why } => write!(f, "invalid hostname {value:?}: {why}"),
             Invalid::Username { value, why } => write!(f, "invalid username {value:?}: {why}"),
             Invalid::SshKey { start } => write!(f, "not an OpenSSH public key: {start:?}…"),
+            Invalid::SshKeyTooLong { len } => {
+                write!(f, "an SSH key of {len} bytes (more than {SSH_KEY_MAX})")
+            }
         }
     }
 }
@@ -138,8 +145,14 @@ const KEY_TYPES: [&str; 6] = [
     "sk-ecdsa-sha2-",
 ];
 
+/// The longest key line accepted.
+pub const SSH_KEY_MAX: usize = 16 * 1024;
+
 impl SshKey {
     pub fn parse(s: &str) -> Result<SshKey, Invalid> {
+        if s.len() > SSH_KEY_MAX {
+            return Err(Invalid::SshKeyTooLong { len: s.len() });
+        }
         let line: String = s.chars().filter(|c| *c != '\r' && *c != '\n').collect();
         let line = line.trim();
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -225,6 +238,15 @@ pub struct ProvisioningData {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversized_keys_are_refused() {
+        let big = format!("ssh-rsa {}", "A".repeat(SSH_KEY_MAX));
+        assert_eq!(
+            SshKey::parse(&big),
+            Err(Invalid::SshKeyTooLong { len: big.len() })
+        );
+    }
 
     #[test]
     fn hostnames() {

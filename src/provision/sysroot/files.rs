@@ -80,11 +80,42 @@ impl Sysroot {
             .map_err(io_err("chmod", &resolved))?;
         std::os::unix::fs::lchown(&resolved, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &resolved))?;
+        // The metadata's own paths first: one that cannot be written safely (a symlink, a
+        // path leading out of the home) hands its keys to the default file instead of failing
+        // the whole run, so the user can still log in.
         let mut written = Vec::new();
-        for (path, list) in files {
+        let (own, default_group): (Vec<_>, Vec<_>) =
+            files.into_iter().partition(|(p, _)| *p != default);
+        let mut fallback: Vec<&KeyEntry> = default_group.into_iter().flat_map(|(_, l)| l).collect();
+        for (path, list) in own {
+            match self.merge_keys(&path, &account.home, &list, owner) {
+                Ok(()) => written.push(path),
+                Err(e) => {
+                    log::warn!("key path {path}: {e}; using {default}");
+                    fallback.extend(list);
+                }
+            }
+        }
+        if !fallback.is_empty() {
+            self.merge_keys(&default, &account.home, &fallback, owner)?;
+            written.push(default);
+        }
+        Ok(written)
+    }
+
+    /// Adds `list` to one authorized_keys file below `home`, keeping what it holds.
+    fn merge_keys(
+        &self,
+        path: &str,
+        home: &str,
+        list: &[&KeyEntry],
+        owner: (u32, u32),
+    ) -> Result<(), WriteError> {
+        let path = path.to_string();
+        {
             let p = self.resolve(&path)?;
             // never through a symlink below the (checked) home, such as ~/.ssh/x -> /etc
-            if !p.starts_with(self.resolve(&account.home)?) {
+            if !p.starts_with(self.resolve(home)?) {
                 return Err(WriteError::Escape(path));
             }
             if let Ok(md) = fs::symlink_metadata(&p) {
@@ -114,10 +145,8 @@ impl Sysroot {
             }
             let mut text = lines.join("\n");
             text.push('\n');
-            write_atomic(&p, text.as_bytes(), 0o600, owner)?;
-            written.push(path);
+            write_atomic(&p, text.as_bytes(), 0o600, owner)
         }
-        Ok(written)
     }
 
     pub fn write_sudoers(&self, user: &Username, has_password: bool) -> Result<(), WriteError> {

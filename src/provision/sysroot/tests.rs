@@ -325,6 +325,30 @@ fn key_paths_are_honoured_only_inside_the_home() {
     azprov_unprivileged,
     ignore = "needs root (runs as root and under CI=true)"
 )]
+fn a_key_path_that_cannot_be_written_falls_back_to_the_default_file() {
+    let (dir, root) = seeded("keyfallback");
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    fs::create_dir_all(dir.join("home/azureuser/.ssh")).unwrap();
+    // a symlink below the home that points out of it
+    symlink("/etc/passwd", dir.join("home/azureuser/.ssh/keys")).unwrap();
+    let mut trap = key(K1);
+    trap.path = Some("/home/azureuser/.ssh/keys".into());
+    let files = root.write_keys(&a, &u, &[trap]).unwrap();
+    assert_eq!(files, ["/home/azureuser/.ssh/authorized_keys"]);
+    let text = fs::read_to_string(dir.join("home/azureuser/.ssh/authorized_keys")).unwrap();
+    assert!(text.contains(K1), "{text}");
+    assert!(!fs::read_to_string(dir.join("etc/passwd"))
+        .unwrap()
+        .contains(K1));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn a_symlinked_ssh_dir_is_refused_and_its_target_untouched() {
     let (dir, root) = seeded("sshlink");
     let u = Username::parse("azureuser").unwrap();
