@@ -120,9 +120,23 @@ impl Machine {
         Duration::from_millis(ms.max(0) as u64)
     }
 
-    fn restart(&mut self, now: Duration) {
+    /// Back to DISCOVER with a new xid, the first one sent at `at`.
+    fn restart(&mut self, at: Duration) {
         self.xid = self.next_random() as u32;
-        self.state = State::Selecting { next: now, sent: 0 };
+        self.state = State::Selecting { next: at, sent: 0 };
+    }
+
+    /// The pause before DISCOVER after NAK number `naks` (1-based): a random time in
+    /// [d/2, d] with d = 1, 2, 4 … 64 s, so a server that NAKs every REQUEST gets a few
+    /// packets a second at first and one a minute later, never a flood (RFC 2131 §4.1 asks
+    /// for randomised retransmission; §3.1 step 4 only says "restart").
+    fn nak_backoff(&mut self, naks: u32) -> Duration {
+        let d = Duration::from_secs(1)
+            .saturating_mul(1u32 << naks.saturating_sub(1).min(6))
+            .min(MAX_RETRANSMIT);
+        let half = d / 2;
+        let span = half.as_millis() as u64 + 1;
+        half + Duration::from_millis(self.next_random() % span)
     }
 
     /// What to do at `now`.
@@ -217,7 +231,8 @@ impl Machine {
             }
             (State::Requesting { offer, .. }, Some(MessageType::Nak)) if offer.server == server => {
                 self.naks += 1;
-                self.restart(now);
+                let pause = self.nak_backoff(self.naks);
+                self.restart(now + pause);
                 true
             }
             _ => false,

@@ -191,9 +191,40 @@ fn nak_restarts_with_a_new_xid() {
     assert!(c.handle(s(0.2), &reply(&c, MessageType::Nak)));
     assert_eq!(c.naks, 1);
     assert_ne!(c.xid(), first_xid);
-    let d = sent(c.poll(s(0.2)));
+    // a randomised pause of 0.5–1 s before the new DISCOVER
+    assert!(matches!(c.poll(s(0.6)), Action::Wait(_)));
+    let d = sent(c.poll(s(1.3)));
     assert_eq!(d.message_type, Some(MessageType::Discover));
     assert_eq!(d.xid, c.xid());
+}
+
+/// A server that NAKs every REQUEST: the client's packets stay a few a second at most and
+/// thin out, instead of a DISCOVER/REQUEST flood.
+#[test]
+fn a_server_that_naks_forever_is_not_flooded() {
+    let mut c = client(120.0);
+    let mut now = 0.0;
+    let mut sends: Vec<f64> = Vec::new();
+    while now < 120.0 {
+        match c.poll(s(now)) {
+            Action::Send(m) => {
+                sends.push(now);
+                let kind = match m.message_type {
+                    Some(MessageType::Discover) => MessageType::Offer,
+                    _ => MessageType::Nak,
+                };
+                // the server answers at once
+                c.handle(s(now), &reply(&c, kind));
+            }
+            Action::Wait(until) => now = until.as_secs_f64().max(now + 0.001),
+            Action::TimedOut | Action::Bound(_) => break,
+        }
+    }
+    assert!(c.naks >= 5, "naks {}", c.naks);
+    assert!(sends.len() < 40, "{} packets in 120 s", sends.len());
+    for w in sends.windows(5) {
+        assert!(w[4] - w[0] >= 1.0, "5 packets within a second: {w:?}");
+    }
 }
 
 #[test]
