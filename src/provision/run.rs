@@ -301,12 +301,16 @@ pub fn provision(opts: &Options) -> Summary {
         .unwrap_or_else(|_| Err(Failure::new(Reason::Internal, "panic while writing")))
     });
     s.timings_ms.write = ms(t.elapsed());
-    if written.is_ok() {
-        log::info!(
+    // Each failure is logged once: the DHCP stage logged its own; this is the line for a
+    // merge or write failure.
+    match &written {
+        Ok(()) => log::info!(
             "write: {} ms: {} provisioned",
             s.timings_ms.write,
             opts.root.display()
-        );
+        ),
+        Err(f) if network.is_ok() => log::error!("provisioning failed: {f}"),
+        Err(_) => {}
     }
 
     let t = Instant::now();
@@ -428,7 +432,6 @@ fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadl
     let health = match written {
         Ok(()) => Health::Ready,
         Err(f) => {
-            log::error!("provisioning failed: {f}");
             s.reason = Some(f.reason);
             let vm_id = s.vm_id.as_deref().unwrap_or("unknown");
             let description =

@@ -5,7 +5,8 @@
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    bind, recv, sendto, socket, AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike,
+    bind, recv, sendto, socket, AddressFamily, LinkAddr, MsgFlags, SockFlag, SockProtocol,
+    SockType, SockaddrLike,
 };
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -38,15 +39,13 @@ fn link_addr(ifindex: i32, dst: [u8; 6]) -> Result<LinkAddr, Errno> {
 }
 
 impl PacketSocket {
-    /// Opens a socket that receives every IPv4 packet arriving on `ifindex`. The protocol is
-    /// given only in bind()'s address: a protocol in socket() makes the kernel register a
-    /// catch-all hook first, and unregistering it in bind() waits for an RCU grace period.
+    /// Opens a socket that receives every IPv4 packet arriving on `ifindex`.
     pub fn open(ifindex: i32) -> Result<Self, Errno> {
         let fd = socket(
             AddressFamily::Packet,
             SockType::Datagram,
             SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            None,
+            SockProtocol::EthIp,
         )?;
         bind(fd.as_raw_fd(), &link_addr(ifindex, [0; 6])?)?;
         Ok(PacketSocket { fd, ifindex })
