@@ -1,5 +1,4 @@
-//! mount(2) and umount2(2) through nix, the CD-ROM drive status ioctl, and the read-only
-//! state of a mount (statvfs), which hook mode needs to put a root back as it found it.
+//! mount(2) and umount2(2) through nix, and the CD-ROM drive status ioctl.
 
 use nix::errno::Errno;
 use std::os::fd::AsRawFd;
@@ -21,12 +20,6 @@ pub fn mount(
 
 pub fn umount(target: &Path, flags: MntFlags) -> Result<(), Errno> {
     nix::mount::umount2(target, flags)
-}
-
-/// Whether the filesystem holding `path` is mounted read-only.
-pub fn is_read_only(path: &Path) -> Result<bool, Errno> {
-    let st = nix::sys::statvfs::statvfs(path)?;
-    Ok(st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 /// linux/cdrom.h: CDROM_DRIVE_STATUS takes the slot as an integer argument.

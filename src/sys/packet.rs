@@ -54,7 +54,6 @@ impl PacketSocket {
     /// Sends an IPv4 packet to the Ethernet broadcast address.
     pub fn send_broadcast(&self, packet: &[u8]) -> Result<(), Errno> {
         let to = link_addr(self.ifindex, [0xff; 6])?;
-        debug_assert_eq!(to.family(), Some(AddressFamily::Packet));
         sendto(self.fd.as_raw_fd(), packet, &to, MsgFlags::empty()).map(drop)
     }
 
