@@ -161,13 +161,9 @@ pub fn main() -> ! {
     fail_forever(&BootError::SwitchRoot { init, error }, cfg.onfail)
 }
 
-/// Provisions the mounted root unless disabled. A failure (a panic too) is reported and
+/// Provisions the mounted root (unless disabled or not on Azure). A failure (a panic too) is reported and
 /// logged; the boot goes on into the real root so the VM stays reachable for debugging.
 fn provision_root(cfg: &Config) {
-    if cfg.disable {
-        log::info!("azprov.disable: not provisioning");
-        return;
-    }
     let opts = Options::pid1(PathBuf::from(SYSROOT), cfg);
     match std::panic::catch_unwind(|| provision(&opts)) {
         Ok(s) if s.report == Report::Failure => log::error!(

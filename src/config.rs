@@ -235,6 +235,8 @@ impl Config {
                 }
                 "azprov.force" => self.force = flag(key, value)?,
                 "azprov.disable" => self.disable = flag(key, value)?,
+                // dracut's and the other frameworks' convention: `rd.azprov=0`, `azprov=0`
+                "azprov" | "rd.azprov" => self.disable = !flag(key, value)?,
                 "azprov.keepnet" => self.keepnet = flag(key, value)?,
                 "azprov.log" => {
                     let v = need(value)?;
@@ -364,6 +366,17 @@ mod tests {
     fn words_after_a_double_dash_are_for_init() {
         let (c, _) = load(None, "ro -- azprov.force root=/dev/x");
         assert!(!c.force && c.root.is_none());
+    }
+
+    #[test]
+    fn the_frameworks_disable_conventions() {
+        for line in ["azprov=0", "rd.azprov=0", "azprov.disable", "rd.azprov=no"] {
+            assert!(load(None, line).0.disable, "{line}");
+        }
+        for line in ["azprov=1", "rd.azprov", "azprov.disable=0", ""] {
+            assert!(!load(None, line).0.disable, "{line}");
+        }
+        assert_eq!(load(None, "azprov=maybe").1.len(), 1);
     }
 
     #[test]

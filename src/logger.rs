@@ -1,11 +1,24 @@
-//! The `log` facade's sink. Tool and hook mode write `azprov: LEVEL: message` lines to stderr.
-//! As PID 1 the lines go to /dev/console until /dev/kmsg exists, then to kmsg with the
-//! `azprov:` tag, so they land in the real system's journal. Extra sinks (the in-memory
-//! capture for /var/log/azprov.log) get every line too.
+//! The `log` facade's sink. Tool mode writes `azprov: LEVEL: message` lines to stderr. Hook
+//! mode ([`hook_output`]) puts each line once into the system's journal with the identifier
+//! `azprov` (through /dev/log when a journald or syslog daemon listens, else /dev/kmsg inside
+//! an initramfs) and also on stderr for the console. As PID 1 the lines go to /dev/console until
+//! /dev/kmsg exists, then to kmsg with the `azprov:` tag, so they land in the real system's
+//! journal. Extra sinks (the in-memory capture for /var/log/azprov.log) get every line too.
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
+/// The syslog identifier of every line azprov sends to the journal (`journalctl -t azprov`).
+pub const IDENT: &str = "azprov";
+const DEV_LOG: &str = "/dev/log";
+const DEV_KMSG: &str = "/dev/kmsg";
+const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+/// syslog facility "daemon".
+const LOG_DAEMON: u8 = 3;
 
 /// Where lines go first.
 pub enum Output {
@@ -14,11 +27,35 @@ pub enum Output {
     Console(std::fs::File),
     /// /dev/kmsg: one `<priority>azprov: message` record per write.
     Kmsg(std::fs::File),
+    /// /dev/log: one `<facility*8+priority>azprov[PID]: message` datagram per line.
+    Syslog(UnixDatagram),
+}
+
+/// syslog severities: err 3, warning 4, notice 5 (info lines stay visible on a `loglevel=6`
+/// console), debug 7.
+fn severity(l: Level) -> u8 {
+    match l {
+        Level::Error => 3,
+        Level::Warn => 4,
+        Level::Info => 5,
+        Level::Debug | Level::Trace => 7,
+    }
+}
+
+/// One /dev/log datagram in the RFC 3164 shape journald and rsyslog parse (no timestamp:
+/// the receiver stamps it).
+pub fn syslog_record(level: Level, pid: u32, msg: &str) -> String {
+    format!(
+        "<{}>{IDENT}[{pid}]: {msg}",
+        LOG_DAEMON * 8 + severity(level)
+    )
 }
 
 struct Logger {
     level: Mutex<LevelFilter>,
     out: Mutex<Output>,
+    /// Every line on stderr too (hook mode: the console), beside the journal.
+    tee_stderr: AtomicBool,
     extra: Mutex<Vec<Box<dyn Write + Send>>>,
 }
 
@@ -48,18 +85,17 @@ impl Log for Logger {
                     let _ = f.write_all(line.as_bytes());
                 }
                 Output::Kmsg(f) => {
-                    // syslog priorities: err 3, warning 4, notice 5 (info lines stay visible
-                    // on a `loglevel=6` console), debug 7
-                    let pri = match r.level() {
-                        Level::Error => 3,
-                        Level::Warn => 4,
-                        Level::Info => 5,
-                        Level::Debug | Level::Trace => 7,
-                    };
-                    let rec = format!("<{pri}>azprov: {}\n", r.args());
+                    let rec = format!("<{}>{IDENT}: {}\n", severity(r.level()), r.args());
                     let _ = f.write_all(rec.as_bytes());
                 }
+                Output::Syslog(sock) => {
+                    let rec = syslog_record(r.level(), std::process::id(), &r.args().to_string());
+                    let _ = sock.send(rec.as_bytes());
+                }
             }
+        }
+        if self.tee_stderr.load(Ordering::Relaxed) {
+            let _ = std::io::stderr().write_all(line.as_bytes());
         }
         if let Ok(mut sinks) = self.extra.lock() {
             for s in sinks.iter_mut() {
@@ -84,6 +120,7 @@ pub fn init(level: LevelFilter) {
     let logger = LOGGER.get_or_init(|| Logger {
         level: Mutex::new(level),
         out: Mutex::new(Output::Stderr),
+        tee_stderr: AtomicBool::new(false),
         extra: Mutex::new(Vec::new()),
     });
     let _ = log::set_logger(logger);
@@ -100,6 +137,86 @@ pub fn set_output(out: Output) {
             *o = out;
         }
     }
+}
+
+/// Hook mode's outputs, chosen once per run; dropping it goes back to stderr alone (and
+/// restores the kernel's rate limit on /dev/kmsg writers if it was lifted).
+pub struct HookOutput {
+    devkmsg: Option<String>,
+}
+
+/// Chooses hook mode's outputs: stderr alone when it already goes to the journal (a systemd
+/// unit: `$JOURNAL_STREAM` names it, and the unit sets the identifier); /dev/log plus stderr
+/// when a journald or syslog daemon listens; /dev/kmsg plus stderr inside an initramfs without
+/// one (initramfs-tools: the journal imports the kernel buffer later); else stderr.
+pub fn hook_output() -> HookOutput {
+    let mut guard = HookOutput { devkmsg: None };
+    let (out, tee) = if stderr_is_journal() {
+        (Output::Stderr, false)
+    } else if let Some(sock) = syslog_socket(Path::new(DEV_LOG)) {
+        (Output::Syslog(sock), true)
+    } else if in_initramfs() {
+        match std::fs::OpenOptions::new().write(true).open(DEV_KMSG) {
+            Ok(f) => {
+                // the kernel drops a writer's lines past 10 per 5 s unless printk_devkmsg=on
+                guard.devkmsg = std::fs::read_to_string(PRINTK_DEVKMSG)
+                    .ok()
+                    .filter(|v| v.trim() == "ratelimit")
+                    .filter(|_| std::fs::write(PRINTK_DEVKMSG, "on\n").is_ok());
+                (Output::Kmsg(f), true)
+            }
+            Err(_) => (Output::Stderr, false),
+        }
+    } else {
+        (Output::Stderr, false)
+    };
+    set_output(out);
+    if let Some(l) = LOGGER.get() {
+        l.tee_stderr.store(tee, Ordering::Relaxed);
+    }
+    guard
+}
+
+impl Drop for HookOutput {
+    fn drop(&mut self) {
+        set_output(Output::Stderr);
+        if let Some(l) = LOGGER.get() {
+            l.tee_stderr.store(false, Ordering::Relaxed);
+        }
+        if let Some(v) = self.devkmsg.take() {
+            let _ = std::fs::write(PRINTK_DEVKMSG, v);
+        }
+    }
+}
+
+/// systemd sets `$JOURNAL_STREAM` to `DEV:INODE` of the stream it connected to the journal.
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(v) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(m) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    v == format!("{}:{}", m.dev(), m.ino())
+}
+
+/// A datagram socket connected to a syslog socket such as /dev/log, if one listens there.
+pub fn syslog_socket(path: &Path) -> Option<UnixDatagram> {
+    let sock = UnixDatagram::unbound().ok()?;
+    sock.connect(path).ok()?;
+    Some(sock)
+}
+
+/// Whether `/` is an initramfs (rootfs: ramfs or tmpfs) rather than an installed system.
+fn in_initramfs() -> bool {
+    use nix::sys::statfs::{statfs, FsType, TMPFS_MAGIC};
+    // linux/magic.h; nix names only tmpfs's
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    statfs("/").is_ok_and(|s| {
+        let t = s.filesystem_type();
+        t == TMPFS_MAGIC || t == FsType(RAMFS_MAGIC as _)
+    })
 }
 
 /// Adds a sink that receives every line from now on (e.g. /var/log/azprov.log in the root).
@@ -157,5 +274,34 @@ impl Write for Capture {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syslog_records_carry_the_identifier_and_the_daemon_facility() {
+        assert_eq!(
+            syslog_record(Level::Info, 42, "dhcp: 12 ms"),
+            "<29>azprov[42]: dhcp: 12 ms"
+        );
+        assert_eq!(syslog_record(Level::Error, 1, "x"), "<27>azprov[1]: x");
+    }
+
+    #[test]
+    fn a_listening_socket_receives_records() {
+        let dir = std::env::temp_dir().join(format!("azprov-syslog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("log");
+        assert!(syslog_socket(&path).is_none(), "nothing listens yet");
+        let server = UnixDatagram::bind(&path).unwrap();
+        let client = syslog_socket(&path).expect("connects");
+        client.send(b"<29>azprov[1]: hi").unwrap();
+        let mut buf = [0u8; 64];
+        let n = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"<29>azprov[1]: hi");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -44,28 +44,40 @@ fn setup(doc: Value, playbook: Value, fabric_args: &[&str]) -> (Net, std::path::
     (net, root)
 }
 
-/// The VM's DMI directory: empty (no product_uuid), so the VM id comes from IMDS and the
-/// tests do not depend on the host's own DMI tables.
+const AZURE_ASSET_TAG: &str = "7783-7084-3265-9085-8269-3286-77";
+
+/// The VM's DMI directory: Azure's chassis asset tag and no product_uuid, so the VM id comes
+/// from IMDS and the tests do not depend on the host's own DMI tables.
 fn dmi(net: &Net) -> String {
     let d = net.path("dmi");
     fs::create_dir_all(&d).unwrap();
+    fs::write(d.join("chassis_asset_tag"), format!("{AZURE_ASSET_TAG}\n")).unwrap();
     d.display().to_string()
+}
+
+/// The VM's kernel command line (`--cmdline`), so the host's own does not count.
+fn cmdline(net: &Net, line: &str) -> String {
+    let f = net.path("cmdline");
+    fs::write(&f, format!("{line}\n")).unwrap();
+    f.display().to_string()
 }
 
 fn provision(net: &Net, root: &Path, extra: &[&str]) -> (Output, Value) {
     let r = root.to_str().unwrap();
     let dmi = dmi(net);
-    let mut args = vec![
-        "provision",
-        "--root",
-        r,
-        "--iface",
-        "vm0",
-        "--json",
-        "--dmi",
-        &dmi,
-    ];
-    if !extra.contains(&"--timeout") {
+    let cmdline = if extra.contains(&"--cmdline") {
+        String::new()
+    } else {
+        cmdline(net, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro")
+    };
+    let mut args = vec!["provision", "--root", r, "--json", "--dmi", &dmi];
+    if !cmdline.is_empty() {
+        args.extend(["--cmdline", &cmdline]);
+    }
+    if !extra.contains(&"--iface") && !extra.contains(&"--cmdline") {
+        args.extend(["--iface", "vm0"]);
+    }
+    if !extra.contains(&"--timeout") && !extra.contains(&"--cmdline") {
         args.extend(["--timeout", "20"]);
     }
     args.extend(extra);
@@ -440,12 +452,64 @@ fn listing(dir: &Path) -> Vec<String> {
     azprov_unprivileged,
     ignore = "needs root (runs as root and under CI=true)"
 )]
-fn a_read_only_root_reports_not_ready() {
+fn a_read_only_root_is_written_and_read_only_again_afterwards() {
     require_privileges();
     let (net, root) = setup(doc("vm-ro", "azureuser"), json!([]), &[]);
     let r = root.to_str().unwrap();
-    // bind-mount read-only inside the VM namespace's own mount namespace
-    let script = format!("mount --bind {r} {r} && mount -o remount,bind,ro {r} && exec {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {}", common::bin(), dmi(&net));
+    // The root read-only as the frameworks mount it: its own tmpfs (not a bind of the host's
+    // filesystem), inside the VM namespace's own mount namespace.
+    let script = format!(
+        "cp -a {r} {r}.seed && mount -t tmpfs -o mode=0755 azroot {r} && cp -a {r}.seed/. {r}/ && \
+         mount -o remount,ro {r} && {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}; \
+         rc=$?; grep \" {r} \" /proc/self/mountinfo >&2; cp -a {r}/. {r}.seed/; exit $rc",
+        common::bin(),
+        dmi(&net),
+        cmdline(&net, "ro")
+    );
+    let o = net.in_vm(&[
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["report"], "ready");
+    let err = stderr(&o);
+    assert!(
+        err.contains("remounted read-write for provisioning"),
+        "{err}"
+    );
+    let mountinfo = err.lines().last().unwrap();
+    assert!(
+        mountinfo.split(' ').nth(5).unwrap().starts_with("ro"),
+        "read-only again: {mountinfo}"
+    );
+    assert_eq!(health_posts(&net)[0]["state"], "Ready");
+    let seed = format!("{r}.seed");
+    assert_eq!(text(Path::new(&seed).join("etc/hostname")), "vm-ro\n");
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_full_root_reports_not_ready() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-full", "azureuser"), json!([]), &[]);
+    let r = root.to_str().unwrap();
+    let script = format!(
+        "cp -a {r} {r}.seed && mount -t tmpfs -o size=1m,mode=0755 azroot {r} && cp -a {r}.seed/. {r}/ && \
+         (dd if=/dev/zero of={r}/fill bs=4k 2>/dev/null; true) && \
+         exec {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}",
+        common::bin(),
+        dmi(&net),
+        cmdline(&net, "")
+    );
     let o = net.in_vm(&[
         "unshare",
         "--mount",
@@ -460,13 +524,99 @@ fn a_read_only_root_reports_not_ready() {
     assert_eq!(v["report"], "failure");
     assert_eq!(v["reason"], "failed to write hostname");
     assert!(
-        stderr(&o).contains("Read-only file system"),
+        stderr(&o).contains("No space left on device"),
         "{}",
         stderr(&o)
     );
     let posts = health_posts(&net);
     assert_eq!(posts[0]["state"], "NotReady");
+    assert!(posts[0]["description"]
+        .as_str()
+        .unwrap()
+        .contains("reason=failed to write hostname|"));
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn hook_mode_follows_the_kernel_command_line() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-cmdline", "azureuser"), json!([]), &[]);
+    for off in ["azprov=0", "rd.azprov=0", "azprov.disable"] {
+        let line = cmdline(&net, &format!("root=/dev/sda1 ro {off}"));
+        let (o, v) = provision(&net, &root, &["--cmdline", &line, "--iface", "vm0"]);
+        assert!(o.status.success(), "{off}: {}", stderr(&o));
+        assert_eq!(v["report"], "disabled", "{off}");
+    }
+    assert!(net.fabric_log().is_empty());
     assert_eq!(text(root.join("etc/hostname")), "debian-image\n");
+    // the interface and the timeout from the command line alone
+    let line = cmdline(
+        &net,
+        "ro azprov.iface=vm0 azprov.timeout=20 azprov.log=debug",
+    );
+    let (o, v) = provision(&net, &root, &["--cmdline", &line]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert!(stderr(&o).contains("debug: "), "azprov.log=debug");
+    assert_eq!(text(root.join("etc/hostname")), "vm-cmdline\n");
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn off_azure_nothing_is_sent_unless_forced() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-offazure", "azureuser"), json!([]), &[]);
+    let plain = net.path("plain-dmi");
+    fs::create_dir_all(&plain).unwrap();
+    fs::write(plain.join("chassis_asset_tag"), "Default string\n").unwrap();
+    let line = cmdline(&net, "root=/dev/sda1 ro");
+    let args = |extra: &'static [&'static str]| {
+        let mut a = vec![
+            "provision",
+            "--root",
+            root.to_str().unwrap(),
+            "--json",
+            "--iface",
+            "vm0",
+            "--timeout",
+            "20",
+            "--cmdline",
+            &line,
+            "--dmi",
+            plain.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let t = std::time::Instant::now();
+    let a = args(&[]);
+    let o = net.azprov(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let took = t.elapsed();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["report"], "not-azure");
+    assert!(stderr(&o).contains("not an Azure VM"), "{}", stderr(&o));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(net.fabric_log().is_empty());
+    assert_eq!(
+        read(&net.path("dnsmasq.log"))
+            .matches("DHCPDISCOVER")
+            .count(),
+        0,
+        "no DHCP packet off Azure (took {took:?})"
+    );
+    assert!(!root.join("var/log/azprov.log").exists());
+    // --force still provisions
+    let a = args(&["--force"]);
+    let o = net.azprov(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(health_posts(&net)[0]["state"], "Ready");
 }
 
 #[test]

@@ -5,6 +5,7 @@ pub mod http;
 pub mod imds;
 pub mod media;
 pub mod ovf;
+pub mod platform;
 pub mod reason;
 pub mod vmid;
 pub mod wireserver;

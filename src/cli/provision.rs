@@ -16,6 +16,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             "wireserver",
             "imds",
             "dmi",
+            "cmdline",
         ],
         &["no-dhcp", "force", "json"],
     )?;
@@ -36,14 +37,24 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         }
         None => MediaSource::Devices(a.values("media").iter().map(Into::into).collect()),
     };
+    // The kernel command line, as PID 1 reads it: hooks stay one line, and `azprov.disable`,
+    // `azprov.timeout=`, ... work the same in every framework. A flag given here wins.
+    let cfg = kernel_config(a.value("cmdline")?.unwrap_or(CMDLINE));
+    let _log = crate::logger::hook_output();
+    let imds = match a.value("imds")? {
+        Some(_) => imds_base(&a)?,
+        None => cfg.imds.clone(),
+    };
     let opts = Options {
-        iface: a.value("iface")?.map(str::to_string),
+        iface: a.value("iface")?.map(str::to_string).or(cfg.iface.clone()),
         dhcp: !a.has("no-dhcp"),
         media,
-        force: a.has("force"),
-        timeout: a.timeout(crate::config::DEFAULT_TIMEOUT)?,
-        wireserver: wireserver_flag(&a)?,
-        imds: imds_base(&a)?,
+        force: a.has("force") || cfg.force,
+        disable: cfg.disable,
+        timeout: a.timeout(cfg.timeout)?,
+        wireserver: wireserver_flag(&a)?.or(cfg.wireserver),
+        imds,
+        keep_network: cfg.keepnet,
         dmi: a
             .value("dmi")?
             .unwrap_or(crate::azure::vmid::DMI_DIR)
@@ -61,4 +72,21 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             summary.reason.map_or("unknown", |r| r.as_str())
         ))),
     }
+}
+
+const CMDLINE: &str = "/proc/cmdline";
+
+/// The `azprov.*` settings of the kernel command line at `path` (missing: the defaults); a
+/// malformed word is a warning and skipped, as in PID 1 mode. Sets the log level.
+fn kernel_config(path: &str) -> crate::config::Config {
+    let line = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        log::debug!("{path}: {e}; using the defaults");
+        String::new()
+    });
+    let (cfg, errors) = crate::config::load(None, &line);
+    crate::logger::init(cfg.log_level);
+    for e in errors {
+        log::warn!("kernel command line: {e}; ignored");
+    }
+    cfg
 }

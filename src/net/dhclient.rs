@@ -59,7 +59,7 @@ pub fn acquire(
     deadline: Deadline,
 ) -> Result<(Nic, LinkUp, Lease), DhcpError> {
     let started = Instant::now();
-    let nic = link::choose(class_net, iface).map_err(DhcpError::Link)?;
+    let nic = link::wait_choose(class_net, iface, deadline).map_err(DhcpError::Link)?;
     let no_lease = |nic: &Nic| DhcpError::NoLease {
         iface: nic.name.clone(),
         waited: started.elapsed(),

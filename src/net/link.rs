@@ -158,6 +158,38 @@ pub fn choose(class_net: &Path, iface: Option<&str>) -> Result<Nic, LinkError> {
     }
 }
 
+/// How long [`wait_choose`] waits for a NIC to show up (a driver still probing, udev still
+/// renaming) before "no interface" stands.
+pub const NIC_WAIT: Duration = Duration::from_secs(5);
+
+/// [`choose`], polling while no interface (or not the named one) exists yet, for at most
+/// [`NIC_WAIT`] inside `deadline`.
+pub fn wait_choose(
+    class_net: &Path,
+    iface: Option<&str>,
+    deadline: Deadline,
+) -> Result<Nic, LinkError> {
+    let started = std::time::Instant::now();
+    let wait = deadline.min(NIC_WAIT);
+    loop {
+        match choose(class_net, iface) {
+            Err(LinkError::NoInterface | LinkError::Unknown(_))
+                if wait.sleep(Duration::from_millis(50)) => {}
+            Ok(nic) => {
+                if started.elapsed() >= Duration::from_millis(50) {
+                    log::info!(
+                        "dhcp: {} appeared after {} ms",
+                        nic.name,
+                        started.elapsed().as_millis()
+                    );
+                }
+                return Ok(nic);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A link azprov set up; restores the previous state on drop unless kept.
 pub struct LinkUp {
     pub ifindex: u32,

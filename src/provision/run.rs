@@ -8,7 +8,7 @@ use super::{Failure, Reason};
 use crate::azure::http::{Client, HttpError, TransportKind};
 use crate::azure::ovf::{self, OvfEnv};
 use crate::azure::wireserver::{self, Health, WireServer};
-use crate::azure::{imds, media, vmid};
+use crate::azure::{imds, media, platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
 use crate::net::dhclient::DhcpError;
@@ -33,6 +33,8 @@ pub struct Options {
     pub dhcp: bool,
     pub media: MediaSource,
     pub force: bool,
+    /// `azprov.disable`, `azprov=0`, `rd.azprov=0`: do nothing at all.
+    pub disable: bool,
     pub timeout: Duration,
     pub wireserver: Option<SocketAddr>,
     pub imds: String,
@@ -42,13 +44,16 @@ pub struct Options {
     pub dmi: PathBuf,
     pub dev: PathBuf,
     /// How long to wait for a CD-ROM drive to appear when a CD-ROM driver is loaded but no
-    /// drive is there yet (PID 1, right after loading modules); zero in hook and tool mode.
+    /// drive is there yet (PID 1 right after loading modules; a hook while udev probes).
     pub cdrom_settle: Duration,
+    /// Hook mode: a read-only root is remounted read-write for the run and read-only again
+    /// afterwards (PID 1 mounts the root itself).
+    pub remount: bool,
 }
 
-/// PID 1 waits this long for a CD-ROM drive after loading its driver (SCSI and ATA scans
-/// finish after their modules load).
-pub const PID1_CDROM_SETTLE: Duration = Duration::from_secs(2);
+/// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
+/// after their modules load).
+pub const CDROM_SETTLE: Duration = Duration::from_secs(2);
 /// The share of the deadline each stage may use at most, as a divisor or fraction of what is
 /// left when it starts: media 1/5 of the whole, DHCP 1/2 of what remains, IMDS 2/3 of that.
 const MEDIA_SHARE: u32 = 5;
@@ -63,7 +68,7 @@ const REPORT_GRACE: Duration = Duration::from_secs(5);
 
 impl Options {
     /// Hook and tool mode (`azprov provision --root DIR`): the system's /sys and /dev, CD-ROM
-    /// drives and DHCP, no settle wait, the network torn down afterwards.
+    /// drives and DHCP, the root made writable for the run, the network torn down afterwards.
     pub fn hook(root: PathBuf) -> Self {
         Options {
             root,
@@ -71,6 +76,7 @@ impl Options {
             dhcp: true,
             media: MediaSource::Devices(Vec::new()),
             force: false,
+            disable: false,
             timeout: crate::config::DEFAULT_TIMEOUT,
             wireserver: None,
             imds: imds::DEFAULT_BASE.to_string(),
@@ -78,7 +84,8 @@ impl Options {
             sys: "/sys".into(),
             dmi: vmid::DMI_DIR.into(),
             dev: "/dev".into(),
-            cdrom_settle: Duration::ZERO,
+            cdrom_settle: CDROM_SETTLE,
+            remount: true,
         }
     }
 
@@ -88,11 +95,12 @@ impl Options {
         Options {
             iface: cfg.iface.clone(),
             force: cfg.force,
+            disable: cfg.disable,
             timeout: cfg.timeout,
             wireserver: cfg.wireserver,
             imds: cfg.imds.clone(),
             keep_network: cfg.keepnet,
-            cdrom_settle: PID1_CDROM_SETTLE,
+            remount: false,
             ..Options::hook(root)
         }
     }
@@ -105,6 +113,11 @@ pub enum Report {
     Failure,
     /// Already provisioned: nothing done, nothing reported.
     Skipped,
+    /// Disabled on the kernel command line: nothing done, no packet sent.
+    Disabled,
+    /// No Azure chassis asset tag: nothing done, no packet sent.
+    #[serde(rename = "not-azure")]
+    NotAzure,
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -135,7 +148,7 @@ impl Summary {
     /// 0 when Ready was reported (or nothing was needed), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self.report {
-            Report::Ready | Report::Skipped => 0,
+            Report::Ready | Report::Skipped | Report::Disabled | Report::NotAzure => 0,
             Report::Failure => 1,
         }
     }
@@ -158,6 +171,25 @@ pub fn already_provisioned(root: &Sysroot, dmi: &Path, sys: &Path) -> Option<Str
             None
         }
         None => Some(format!("{} exists and DMI has no VM id", sysroot::MARKER)),
+    }
+}
+
+/// Hook mode: the root as the framework mounted it, made writable when it is read-only. A
+/// failure is logged; the writes then fail and are reported with their reason.
+fn writable(root: &Path) -> Option<crate::sys::mount::Writable> {
+    match crate::sys::mount::make_writable(root) {
+        Ok(Some(w)) => {
+            log::info!("{}: remounted read-write for provisioning", root.display());
+            Some(w)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log::warn!(
+                "{}: read-only and cannot remount read-write: {e}",
+                root.display()
+            );
+            None
+        }
     }
 }
 
@@ -223,6 +255,21 @@ pub fn provision(opts: &Options) -> Summary {
         reason: None,
         timings_ms: Timings::default(),
     };
+    if opts.disable {
+        log::info!("disabled on the kernel command line; not provisioning");
+        s.report = Report::Disabled;
+        return s;
+    }
+    if !opts.force && !platform::is_azure(&opts.dmi) {
+        let tag = platform::asset_tag(&opts.dmi);
+        log::info!(
+            "not an Azure VM (DMI chassis asset tag {}); nothing to do (azprov.force or --force provisions anyway)",
+            tag.as_deref().map_or_else(|| "absent".into(), |t| format!("{t:?}"))
+        );
+        s.report = Report::NotAzure;
+        s.timings_ms.total = ms(t0.elapsed());
+        return s;
+    }
     if !opts.force {
         if let Some(why) = already_provisioned(&root, &opts.dmi, &opts.sys) {
             log::info!("already provisioned ({why}); nothing to do");
@@ -233,6 +280,12 @@ pub fn provision(opts: &Options) -> Summary {
         }
     }
     let deadline = Deadline::after(opts.timeout);
+    // Read-only again when this run ends, whichever way.
+    let _writable = if opts.remount {
+        writable(&opts.root)
+    } else {
+        None
+    };
 
     let t = Instant::now();
     let ovf = read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE));
