@@ -447,6 +447,29 @@ fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Runs `azprov provision` on `root` copied onto a tmpfs of its own (mounted with `opts`, not a
+/// bind of the host's filesystem) in a private mount namespace of the VM namespace: `before`
+/// runs after the copy, `after` once azprov exited (`$?` is its exit code).
+fn on_own_tmpfs(net: &Net, root: &Path, opts: &str, before: &str, after: &str) -> Output {
+    let r = root.to_str().unwrap();
+    let script = format!(
+        "cp -a {r} {r}.seed && mount -t tmpfs -o {opts} azroot {r} && cp -a {r}.seed/. {r}/ && \
+         {before} && {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}; {after}",
+        common::bin(),
+        dmi(net),
+        cmdline(net, "ro")
+    );
+    net.in_vm(&[
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ])
+}
+
 #[test]
 #[cfg_attr(
     azprov_unprivileged,
@@ -456,25 +479,14 @@ fn a_read_only_root_is_written_and_read_only_again_afterwards() {
     require_privileges();
     let (net, root) = setup(doc("vm-ro", "azureuser"), json!([]), &[]);
     let r = root.to_str().unwrap();
-    // The root read-only as the frameworks mount it: its own tmpfs (not a bind of the host's
-    // filesystem), inside the VM namespace's own mount namespace.
-    let script = format!(
-        "cp -a {r} {r}.seed && mount -t tmpfs -o mode=0755 azroot {r} && cp -a {r}.seed/. {r}/ && \
-         mount -o remount,ro {r} && {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}; \
-         rc=$?; grep \" {r} \" /proc/self/mountinfo >&2; cp -a {r}/. {r}.seed/; exit $rc",
-        common::bin(),
-        dmi(&net),
-        cmdline(&net, "ro")
+    // read-only as the frameworks mount it; the files are copied back out afterwards
+    let o = on_own_tmpfs(
+        &net,
+        &root,
+        "mode=0755",
+        &format!("mount -o remount,ro {r}"),
+        &format!("rc=$?; grep \" {r} \" /proc/self/mountinfo >&2; cp -a {r}/. {r}.seed/; exit $rc"),
     );
-    let o = net.in_vm(&[
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["report"], "ready");
@@ -501,24 +513,11 @@ fn a_read_only_root_is_written_and_read_only_again_afterwards() {
 fn a_full_root_reports_not_ready() {
     require_privileges();
     let (net, root) = setup(doc("vm-full", "azureuser"), json!([]), &[]);
-    let r = root.to_str().unwrap();
-    let script = format!(
-        "cp -a {r} {r}.seed && mount -t tmpfs -o size=1m,mode=0755 azroot {r} && cp -a {r}.seed/. {r}/ && \
-         (dd if=/dev/zero of={r}/fill bs=4k 2>/dev/null; true) && \
-         exec {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}",
-        common::bin(),
-        dmi(&net),
-        cmdline(&net, "")
+    let fill = format!(
+        "dd if=/dev/zero of={}/fill bs=4k 2>/dev/null; true",
+        root.display()
     );
-    let o = net.in_vm(&[
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let o = on_own_tmpfs(&net, &root, "size=1m,mode=0755", &fill, "exit $?");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["report"], "failure");
