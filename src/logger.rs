@@ -9,7 +9,7 @@ use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 
 /// The syslog identifier of every line azprov sends to the journal (`journalctl -t azprov`).
@@ -17,6 +17,8 @@ pub const IDENT: &str = "azprov";
 const DEV_LOG: &str = "/dev/log";
 const DEV_KMSG: &str = "/dev/kmsg";
 const PRINTK_DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+/// `tee_from` when no line goes to stderr besides the main output.
+const NO_TEE: u8 = u8::MAX;
 /// syslog facility "daemon".
 const LOG_DAEMON: u8 = 3;
 
@@ -54,8 +56,9 @@ pub fn syslog_record(level: Level, pid: u32, msg: &str) -> String {
 struct Logger {
     level: Mutex<LevelFilter>,
     out: Mutex<Output>,
-    /// Every line on stderr too (hook mode: the console), beside the journal.
-    tee_stderr: AtomicBool,
+    /// Lines of this syslog severity and above (less urgent) go to stderr too (hook mode: the
+    /// console), beside the journal; `NO_TEE` for none.
+    tee_from: AtomicU8,
     extra: Mutex<Vec<Box<dyn Write + Send>>>,
 }
 
@@ -94,7 +97,7 @@ impl Log for Logger {
                 }
             }
         }
-        if self.tee_stderr.load(Ordering::Relaxed) {
+        if severity(r.level()) >= self.tee_from.load(Ordering::Relaxed) {
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
         if let Ok(mut sinks) = self.extra.lock() {
@@ -120,7 +123,7 @@ pub fn init(level: LevelFilter) {
     let logger = LOGGER.get_or_init(|| Logger {
         level: Mutex::new(level),
         out: Mutex::new(Output::Stderr),
-        tee_stderr: AtomicBool::new(false),
+        tee_from: AtomicU8::new(NO_TEE),
         extra: Mutex::new(Vec::new()),
     });
     let _ = log::set_logger(logger);
@@ -147,14 +150,15 @@ pub struct HookOutput {
 
 /// Chooses hook mode's outputs: stderr alone when it already goes to the journal (a systemd
 /// unit: `$JOURNAL_STREAM` names it, and the unit sets the identifier); /dev/log plus stderr
-/// when a journald or syslog daemon listens; /dev/kmsg plus stderr inside an initramfs without
-/// one (initramfs-tools: the journal imports the kernel buffer later); else stderr.
+/// when a journald or syslog daemon listens; /dev/kmsg inside an initramfs without one
+/// (initramfs-tools: the journal imports the kernel buffer later), plus stderr for the lines
+/// the kernel does not print on the console itself; else stderr.
 pub fn hook_output() -> HookOutput {
     let mut guard = HookOutput { devkmsg: None };
     let (out, tee) = if stderr_is_journal() {
-        (Output::Stderr, false)
+        (Output::Stderr, NO_TEE)
     } else if let Some(sock) = syslog_socket(Path::new(DEV_LOG)) {
-        (Output::Syslog(sock), true)
+        (Output::Syslog(sock), 0)
     } else if in_initramfs() {
         match std::fs::OpenOptions::new().write(true).open(DEV_KMSG) {
             Ok(f) => {
@@ -163,16 +167,18 @@ pub fn hook_output() -> HookOutput {
                     .ok()
                     .filter(|v| v.trim() == "ratelimit")
                     .filter(|_| std::fs::write(PRINTK_DEVKMSG, "on\n").is_ok());
-                (Output::Kmsg(f), true)
+                // the kernel prints records more urgent than console_loglevel on the console
+                // itself (stderr is the console here): only the others go to stderr too
+                (Output::Kmsg(f), console_loglevel())
             }
-            Err(_) => (Output::Stderr, false),
+            Err(_) => (Output::Stderr, NO_TEE),
         }
     } else {
-        (Output::Stderr, false)
+        (Output::Stderr, NO_TEE)
     };
     set_output(out);
     if let Some(l) = LOGGER.get() {
-        l.tee_stderr.store(tee, Ordering::Relaxed);
+        l.tee_from.store(tee, Ordering::Relaxed);
     }
     guard
 }
@@ -181,12 +187,21 @@ impl Drop for HookOutput {
     fn drop(&mut self) {
         set_output(Output::Stderr);
         if let Some(l) = LOGGER.get() {
-            l.tee_stderr.store(false, Ordering::Relaxed);
+            l.tee_from.store(NO_TEE, Ordering::Relaxed);
         }
         if let Some(v) = self.devkmsg.take() {
             let _ = std::fs::write(PRINTK_DEVKMSG, v);
         }
     }
+}
+
+/// The first field of /proc/sys/kernel/printk: records with a severity below it reach the
+/// console (the kernel's default 7 when unreadable).
+fn console_loglevel() -> u8 {
+    std::fs::read_to_string("/proc/sys/kernel/printk")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(7)
 }
 
 /// systemd sets `$JOURNAL_STREAM` to `DEV:INODE` of the stream it connected to the journal.
