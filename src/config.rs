@@ -113,6 +113,8 @@ pub struct Config {
     pub force: bool,
     pub disable: bool,
     pub keepnet: bool,
+    /// New SSH host keys for a new VM; `azprov.hostkeys=keep` leaves the image's alone.
+    pub host_keys: bool,
     pub log_level: log::LevelFilter,
     pub onfail: OnFail,
     pub modules: Vec<String>,
@@ -135,6 +137,7 @@ impl Default for Config {
             force: false,
             disable: false,
             keepnet: false,
+            host_keys: true,
             log_level: log::LevelFilter::Info,
             onfail: OnFail::Halt,
             modules: Vec::new(),
@@ -238,6 +241,13 @@ impl Config {
                 // dracut's and the other frameworks' convention: `rd.azprov=0`, `azprov=0`
                 "azprov" | "rd.azprov" => self.disable = !flag(key, value)?,
                 "azprov.keepnet" => self.keepnet = flag(key, value)?,
+                "azprov.hostkeys" => {
+                    self.host_keys = match need(value)?.as_str() {
+                        "regenerate" => true,
+                        "keep" => false,
+                        v => return Err(bad(key, v, "keep or regenerate")),
+                    }
+                }
                 "azprov.log" => {
                     let v = need(value)?;
                     self.log_level = crate::logger::parse_level(&v)
@@ -338,6 +348,7 @@ mod tests {
             "azprov.log=loud",
             "azprov.frobnicate=1",
             "azprov.force=maybe",
+            "azprov.hostkeys=some",
             "azprov.imds=ftp://x",
             "azprov.wireserver=host",
         ] {
@@ -383,6 +394,8 @@ mod tests {
     fn flags() {
         let (c, _) = load(None, "azprov.force azprov.disable=1 azprov.keepnet=yes azprov.log=debug azprov.wireserver=10.0.0.9:8080 azprov.iface=eth1");
         assert!(c.force && c.disable && c.keepnet);
+        assert!(c.host_keys);
+        assert!(!load(None, "azprov.hostkeys=keep").0.host_keys);
         assert_eq!(c.log_level, log::LevelFilter::Debug);
         assert_eq!(c.wireserver.unwrap().to_string(), "10.0.0.9:8080");
         assert_eq!(c.iface.as_deref(), Some("eth1"));

@@ -234,6 +234,38 @@ fn in_initramfs() -> bool {
     })
 }
 
+/// Writes `lines` as they are, without the `azprov:` prefix, where a person or a tool reads
+/// the console (Azure's boot diagnostics: the serial console): /dev/console as PID 1, stderr
+/// in hook and tool mode; and to the extra sinks (the root's log file).
+pub fn console_lines(lines: &[String]) {
+    let mut text = lines.join("\n");
+    text.push('\n');
+    if let Some(l) = LOGGER.get() {
+        if let Ok(mut out) = l.out.lock() {
+            match &mut *out {
+                Output::Console(f) => {
+                    let _ = f.write_all(text.as_bytes());
+                }
+                Output::Kmsg(_) => {
+                    let console = std::fs::OpenOptions::new().write(true).open("/dev/console");
+                    let _ = match console {
+                        Ok(mut f) => f.write_all(text.as_bytes()),
+                        Err(_) => std::io::stderr().write_all(text.as_bytes()),
+                    };
+                }
+                Output::Stderr | Output::Syslog(_) => {
+                    let _ = std::io::stderr().write_all(text.as_bytes());
+                }
+            }
+        }
+        if let Ok(mut sinks) = l.extra.lock() {
+            for s in sinks.iter_mut() {
+                let _ = s.write_all(text.as_bytes());
+            }
+        }
+    }
+}
+
 /// Adds a sink that receives every line from now on (e.g. /var/log/azprov.log in the root).
 pub fn add_sink(sink: Box<dyn Write + Send>) {
     if let Some(l) = LOGGER.get() {

@@ -130,6 +130,7 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
         keys,
         [
             "custom_data",
+            "host_keys",
             "hostname",
             "reason",
             "report",
@@ -706,4 +707,165 @@ fn no_dhcp_server_fails_with_the_lease_reason_and_leaves_the_root_alone() {
     assert!(!root.join("var/lib/azprov/provisioned").exists());
     assert!(text(root.join("var/log/azprov.log")).contains("failure to obtain DHCP lease"));
     assert!(net.vm_addrs().is_empty());
+}
+
+fn azprov_json(net: &Net, args: &[&str]) -> (Output, Value) {
+    let o = net.azprov(args);
+    let v = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: no JSON ({e}): {}", stderr(&o)));
+    (o, v)
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-keys", "azureuser"), json!([]), &[]);
+    let r = root.to_str().unwrap();
+    let ssh = root.join("etc/ssh");
+    fs::write(ssh.join("ssh_host_ed25519_key"), "image key\n").unwrap();
+    fs::write(ssh.join("ssh_host_dsa_key.pub"), "image key\n").unwrap();
+    fs::write(root.join("etc/resolv.conf"), "nameserver 168.63.129.16\n").unwrap();
+
+    // --keep-host-keys: the image's keys stay
+    let (o, v) = provision(&net, &root, &["--keep-host-keys"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["host_keys"], json!([]));
+    assert_eq!(text(ssh.join("ssh_host_ed25519_key")), "image key\n");
+
+    // a new VM: three new keys, the image's gone, the fingerprints on the console
+    let (o, v) = provision(&net, &root, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<String> = v["host_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let err = stderr(&o);
+    let block = format!(
+        "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{}\n-----END SSH HOST KEY FINGERPRINTS-----\n",
+        lines.join("\n")
+    );
+    assert!(err.contains(&block), "{err}");
+    assert!(text(root.join("var/log/azprov.log")).contains(&block));
+    assert!(!ssh.join("ssh_host_dsa_key.pub").exists());
+    for (kind, line) in ["rsa", "ecdsa", "ed25519"].iter().zip(&lines) {
+        let key = ssh.join(format!("ssh_host_{kind}_key"));
+        assert_eq!(mode_owner(&key), (0o600, 0, 0), "{kind}");
+        assert_eq!(
+            mode_owner(key.with_extension("pub")),
+            (0o644, 0, 0),
+            "{kind}"
+        );
+        // exactly what ssh-keygen -l prints, and the private half matches the public one
+        let l = sh(&[
+            "ssh-keygen",
+            "-l",
+            "-f",
+            key.with_extension("pub").to_str().unwrap(),
+        ]);
+        assert_eq!(
+            String::from_utf8_lossy(&l.stdout).trim_end(),
+            line,
+            "{kind}"
+        );
+        let y = sh(&["ssh-keygen", "-y", "-f", key.to_str().unwrap()]);
+        let public = text(key.with_extension("pub"));
+        assert!(
+            y.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&y.stderr)
+        );
+        assert!(
+            public.starts_with(String::from_utf8_lossy(&y.stdout).trim_end()),
+            "{kind}"
+        );
+    }
+    assert!(
+        !err.contains("PRIVATE KEY")
+            && !text(root.join("var/log/azprov.log")).contains("PRIVATE KEY"),
+        "a private key reached a log"
+    );
+    let ed25519 = text(ssh.join("ssh_host_ed25519_key"));
+
+    // status, from the root alone
+    let (o, st) = azprov_json(&net, &["status", "--root", r, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut keys: Vec<&str> = st.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "host_keys",
+            "hostname",
+            "provisioned",
+            "provisioned_at",
+            "reason",
+            "report",
+            "reported_at",
+            "timings_ms",
+            "username",
+            "vm_id"
+        ]
+    );
+    assert_eq!(st["provisioned"], true);
+    assert_eq!(st["report"], "ready");
+    assert_eq!(st["vm_id"], VM_ID);
+    assert_eq!(st["username"], "azureuser");
+    assert_eq!(st["host_keys"], v["host_keys"]);
+    assert!(st["reported_at"].as_str().unwrap().ends_with('Z'));
+
+    // a reboot keeps the keys
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "skipped");
+    assert_eq!(text(ssh.join("ssh_host_ed25519_key")), ed25519);
+
+    // clean for capture: a dry run first, then for real
+    let (o, dry) = azprov_json(
+        &net,
+        &[
+            "clean",
+            "--root",
+            r,
+            "--user",
+            "--machine-id",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(root.join("var/lib/azprov/provisioned").exists());
+    let (o, c) = azprov_json(
+        &net,
+        &["clean", "--root", r, "--user", "--machine-id", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(dry["removed"], c["removed"]);
+    assert_eq!(c["user"], "azureuser");
+    assert!(!text(root.join("etc/passwd")).contains("azureuser"));
+    assert!(!root.join("home/azureuser").exists());
+    assert!(!root.join("var/lib/azprov").exists());
+    assert!(!ssh.join("ssh_host_ed25519_key").exists());
+    assert!(!root.join("etc/sudoers.d/90-azprov").exists());
+    assert_eq!(text(root.join("etc/machine-id")), "uninitialized\n");
+    assert_eq!(
+        text(root.join("etc/resolv.conf")),
+        "nameserver 168.63.129.16\n"
+    );
+    let o = net.azprov(&["status", "--root", r]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("provisioned:    no"));
+
+    // the next boot provisions as a new VM
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert_eq!(v["host_keys"].as_array().unwrap().len(), 3);
+    assert_ne!(text(ssh.join("ssh_host_ed25519_key")), ed25519);
 }

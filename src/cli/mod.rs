@@ -3,10 +3,12 @@
 //! network or provisioning failure, 2 bad input or usage.
 
 mod args;
+mod clean;
 mod dhcp;
 mod inspect;
 mod provision;
 mod report;
+mod status;
 
 pub use args::Args;
 
@@ -23,6 +25,10 @@ usage:
   azprov imds [--imds URL] [--timeout SECS] [--json]
   azprov provision --root DIR [--iface IF] [--no-dhcp] [--media DEV]... [--ovf FILE] [--force]
                    [--timeout SECS] [--json] [--wireserver IP[:PORT]] [--imds URL]
+                   [--keep-host-keys] [--dmi DIR] [--cmdline FILE]
+  azprov status [--root DIR] [--json]      what azprov recorded: provisioned? reported?
+  azprov clean [--root DIR] [--user] [--machine-id] [--dry-run] [--json]
+                                           prepare the image for capture
   azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
@@ -70,6 +76,8 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         "dhcp" => dhcp::cmd_dhcp(rest),
         "provision" => provision::cmd_provision(rest),
         "report" => report::cmd_report(rest),
+        "status" => status::cmd_status(rest),
+        "clean" => clean::cmd_clean(rest),
         "version" | "--version" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
             println!("azprov {}", crate::VERSION);

@@ -18,7 +18,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             "dmi",
             "cmdline",
         ],
-        &["no-dhcp", "force", "json"],
+        &["no-dhcp", "force", "json", "keep-host-keys"],
     )?;
     a.no_positionals()?;
     let root = a
@@ -55,6 +55,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         wireserver: wireserver_flag(&a)?.or(cfg.wireserver),
         imds,
         keep_network: cfg.keepnet,
+        host_keys: cfg.host_keys && !a.has("keep-host-keys"),
         dmi: a
             .value("dmi")?
             .unwrap_or(crate::azure::vmid::DMI_DIR)

@@ -2,9 +2,12 @@
 //! and its files (`sysroot`), writing the data in the contract's order (`write`). The flow that
 //! ties them to the network is `run`.
 
+pub mod clean;
 pub mod data;
+pub mod hostkeys;
 pub mod merge;
 pub mod run;
+pub mod state;
 pub mod sysroot;
 pub mod write;
 

@@ -2,7 +2,9 @@
 //! hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::data::ProvisioningData;
+use super::hostkeys;
 use super::merge::merge;
+use super::state::{Acked, State};
 use super::sysroot::{self, Sysroot};
 use super::{Failure, Reason};
 use crate::azure::http::{Client, HttpError, TransportKind};
@@ -49,6 +51,8 @@ pub struct Options {
     /// Hook mode: a read-only root is remounted read-write for the run and read-only again
     /// afterwards (PID 1 mounts the root itself).
     pub remount: bool,
+    /// New SSH host keys for a new VM (`azprov.hostkeys=keep` / `--keep-host-keys`: false).
+    pub host_keys: bool,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -86,6 +90,7 @@ impl Options {
             dev: "/dev".into(),
             cdrom_settle: CDROM_SETTLE,
             remount: true,
+            host_keys: true,
         }
     }
 
@@ -101,6 +106,7 @@ impl Options {
             imds: cfg.imds.clone(),
             keep_network: cfg.keepnet,
             remount: false,
+            host_keys: cfg.host_keys,
             ..Options::hook(root)
         }
     }
@@ -120,13 +126,16 @@ pub enum Report {
     NotAzure,
 }
 
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Timings {
     pub media: u64,
     pub dhcp: u64,
     pub imds: u64,
     pub write: u64,
     pub report: u64,
+    /// Making the host keys, beside the stages above (not part of time to Ready).
+    pub host_keys: u64,
     pub total: u64,
 }
 
@@ -141,6 +150,8 @@ pub struct Summary {
     pub user_data: bool,
     pub report: Report,
     pub reason: Option<Reason>,
+    /// `ssh-keygen -l` lines of the host keys made in this run.
+    pub host_keys: Vec<String>,
     pub timings_ms: Timings,
 }
 
@@ -253,6 +264,7 @@ pub fn provision(opts: &Options) -> Summary {
         user_data: false,
         report: Report::Failure,
         reason: None,
+        host_keys: Vec::new(),
         timings_ms: Timings::default(),
     };
     if opts.disable {
@@ -275,17 +287,27 @@ pub fn provision(opts: &Options) -> Summary {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
+            if opts.host_keys {
+                finish_host_keys(opts, &root, &mut s);
+            }
             s.timings_ms.total = ms(t0.elapsed());
             return s;
         }
     }
     let deadline = Deadline::after(opts.timeout);
+    let earlier = State::load(&root);
+    let earlier = earlier.as_ref();
     // Read-only again when this run ends, whichever way.
     let _writable = if opts.remount {
         writable(&opts.root)
     } else {
         None
     };
+    // New host keys for the new VM, made beside the network stages (RSA takes seconds).
+    let keygen = opts.host_keys.then(|| {
+        let sys = opts.sys.clone();
+        std::thread::spawn(move || hostkeys::generate(&sys))
+    });
 
     let t = Instant::now();
     let ovf = read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE));
@@ -353,11 +375,12 @@ pub fn provision(opts: &Options) -> Summary {
         }))
         .unwrap_or_else(|_| Err(Failure::new(Reason::Internal, "panic while writing")))
     });
+    let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
     s.timings_ms.write = ms(t.elapsed());
     // Each failure is logged once: the DHCP stage logged its own; this is the line for a
     // merge or write failure.
     match &written {
-        Ok(()) => log::info!(
+        Ok(_) => log::info!(
             "write: {} ms: {} provisioned",
             s.timings_ms.write,
             opts.root.display()
@@ -372,7 +395,9 @@ pub fn provision(opts: &Options) -> Summary {
     } else {
         deadline
     };
-    report(&ws, &written, &mut s, report_deadline);
+    let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
+    let acked = report(&ws, &outcome, &mut s, report_deadline);
+    let reported_at = acked.then(crate::time::now_rfc3339);
     s.timings_ms.report = ms(t.elapsed());
 
     if let Ok(Some(applied)) = network {
@@ -382,8 +407,34 @@ pub fn provision(opts: &Options) -> Summary {
             log::warn!("teardown: {e}");
         }
     }
+    if let Some(h) = keygen {
+        let generated = h.join().unwrap_or(Err(hostkeys::HostKeyError::Panicked));
+        install_host_keys(&root, generated, &mut s);
+    }
     s.timings_ms.total = ms(t0.elapsed());
     log::info!("total: {} ms", s.timings_ms.total);
+    let state = State {
+        vm_id: s.vm_id.clone(),
+        provisioned_at,
+        report: Some(match (acked, &written) {
+            (false, _) => Acked::Pending,
+            (true, Ok(_)) => Acked::Ready,
+            (true, Err(_)) => Acked::Failure,
+        }),
+        reported_at,
+        reason: s.reason.map(|r| r.as_str().to_string()),
+        hostname: s.hostname.clone(),
+        username: s.username.clone(),
+        // a user azprov created on an earlier run (`--force`, a new VM id) is still its own
+        user_created: written.as_ref().is_ok_and(|w| w.user_created)
+            || earlier.is_some_and(|e| e.user_created && e.username == s.username),
+        host_keys_vm_id: (!s.host_keys.is_empty()).then(|| s.vm_id.clone()).flatten(),
+        host_keys: s.host_keys.clone(),
+        timings_ms: s.timings_ms,
+    };
+    if let Err(e) = state.save(&root) {
+        log::warn!("cannot write the state: {e}");
+    }
     let saved = root
         .mkdir("/var/log", 0o755, (0, 0))
         .and_then(|_| root.write(sysroot::LOG_FILE, &capture.contents(), 0o640, (0, 0)));
@@ -479,8 +530,14 @@ fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds:
     m.map_err(|e| imds_failure(&e))
 }
 
-/// Ready, or NotReady with the failure's reason; a fresh goal state before each POST.
-fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadline: Deadline) {
+/// Ready, or NotReady with the failure's reason; a fresh goal state before each POST. True
+/// when the WireServer acknowledged the report.
+fn report(
+    ws: &WireServer,
+    written: &Result<(), Failure>,
+    s: &mut Summary,
+    deadline: Deadline,
+) -> bool {
     let t = Instant::now();
     let health = match written {
         Ok(()) => Health::Ready,
@@ -512,11 +569,82 @@ fn report(ws: &WireServer, written: &Result<(), Failure>, s: &mut Summary, deadl
                 r.incarnation,
                 r.posts
             );
+            true
         }
         Err(e) => {
             s.report = Report::Failure;
             s.reason.get_or_insert(Reason::ReportFailed);
             log::error!("report: {} ms: {e}", ms(t.elapsed()));
+            false
+        }
+    }
+}
+
+/// Writes freshly made host keys into the root and shows their fingerprints on the console
+/// and in the log file. A failure is logged: the keys are not worth a NotReady (the report is
+/// out already); the state then holds none and the next boot makes them.
+fn install_host_keys(
+    root: &Sysroot,
+    generated: Result<hostkeys::Generated, hostkeys::HostKeyError>,
+    s: &mut Summary,
+) {
+    let t = Instant::now();
+    let hostname = s.hostname.clone().unwrap_or_else(|| "localhost".into());
+    let result = generated.and_then(|g| {
+        let took: Vec<String> = g
+            .took
+            .iter()
+            .map(|(k, d)| format!("{} {} ms", k.name(), d.as_millis()))
+            .collect();
+        log::info!(
+            "host keys: made ({}; CRNG wait {} ms{})",
+            took.join(", "),
+            g.entropy_wait.as_millis(),
+            g.seeded.map_or(String::new(), |n| format!(
+                ", {n} bytes of OEM0 seed mixed in"
+            ))
+        );
+        s.timings_ms.host_keys =
+            g.took.iter().map(|(_, d)| ms(*d)).sum::<u64>() + ms(g.entropy_wait);
+        hostkeys::install(root, g, &hostname)
+    });
+    match result {
+        Ok(lines) if lines.is_empty() => {}
+        Ok(lines) => {
+            log::info!(
+                "host keys: {} written to {} ({} ms)",
+                lines.len(),
+                hostkeys::SSH_DIR,
+                ms(t.elapsed())
+            );
+            crate::logger::console_lines(&hostkeys::fingerprint_block(&lines));
+            s.host_keys = lines;
+        }
+        Err(e) => log::error!("host keys: {e}; the image's keys stay"),
+    }
+}
+
+/// On a provisioned boot: makes the host keys if this VM id has none yet (an interrupted
+/// first boot, or a root provisioned before azprov made host keys). No network.
+fn finish_host_keys(opts: &Options, root: &Sysroot, s: &mut Summary) {
+    let mut state = State::load(root).unwrap_or_default();
+    let vm_id = root.read_marker();
+    if state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id {
+        return;
+    }
+    log::info!("host keys: none made for this VM yet; making them");
+    let _writable = if opts.remount {
+        writable(&opts.root)
+    } else {
+        None
+    };
+    s.hostname = state.hostname.clone();
+    install_host_keys(root, hostkeys::generate(&opts.sys), s);
+    if !s.host_keys.is_empty() {
+        state.host_keys = s.host_keys.clone();
+        state.host_keys_vm_id = vm_id;
+        if let Err(e) = state.save(root) {
+            log::warn!("cannot write the state: {e}");
         }
     }
 }

@@ -4,9 +4,16 @@ use super::data::ProvisioningData;
 use super::sysroot::{Sysroot, WriteError};
 use super::{Failure, Reason};
 
+/// What the writes did that the state records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The admin user was created (not an existing account).
+    pub user_created: bool,
+}
+
 /// Writes all of `data` into the root in the order of docs/DESIGN.md §3, the marker last.
 /// Each step's failure has its own [`Reason`].
-pub fn write_all(root: &Sysroot, data: &ProvisioningData, vm_id: &str) -> Result<(), Failure> {
+pub fn write_all(root: &Sysroot, data: &ProvisioningData, vm_id: &str) -> Result<Written, Failure> {
     let fail = |reason: Reason| move |e: WriteError| Failure::new(reason, e);
     let user = &data.username.0;
     root.write_hostname(&data.hostname.0)
@@ -61,5 +68,8 @@ pub fn write_all(root: &Sysroot, data: &ProvisioningData, vm_id: &str) -> Result
             .map_err(fail(Reason::WriteImds))?;
     }
     root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
-        .map_err(fail(Reason::WriteMarker))
+        .map_err(fail(Reason::WriteMarker))?;
+    Ok(Written {
+        user_created: account.created,
+    })
 }

@@ -34,6 +34,18 @@ pub fn sorted_names(dir: &std::path::Path) -> Vec<String> {
 /// GRND_INSECURE (Linux 5.6): never blocks, even before the CRNG is seeded.
 const GRND_INSECURE: libc::c_uint = 0x0004;
 
+/// getrandom(2) into `buf` with `flags`: the number of bytes written.
+fn getrandom(buf: &mut [u8], flags: libc::c_uint) -> Result<usize, Errno> {
+    // nix has no getrandom(2) wrapper.
+    // SAFETY: `buf` is a valid, writable buffer of `buf.len()` bytes.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), flags) };
+    if n < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// Fills `buf` from the kernel's random source without waiting for the CRNG to be seeded:
 /// early in an initramfs a blocking getrandom(2) stalls for up to a second (measured under
 /// QEMU), and what azprov needs (DHCP xids, retry jitter, password salts) must be unpredictable
@@ -46,17 +58,14 @@ pub fn random_bytes(buf: &mut [u8]) {
         let Some(rest) = buf.get_mut(filled..) else {
             return;
         };
-        // nix has no getrandom(2) wrapper.
-        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), flags) };
-        if n > 0 {
-            filled += n as usize;
-            continue;
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::EINTR) => continue,
+        match getrandom(rest, flags) {
+            Ok(n) if n > 0 => {
+                filled += n;
+                continue;
+            }
+            Err(Errno::EINTR) => continue,
             // kernels before 5.6: the non-blocking read, which may still be unseeded
-            Some(libc::EINVAL) if flags == GRND_INSECURE => {
+            Err(Errno::EINVAL) if flags == GRND_INSECURE => {
                 flags = libc::GRND_NONBLOCK;
                 continue;
             }
@@ -73,6 +82,20 @@ pub fn random_bytes(buf: &mut [u8]) {
     }
 }
 
+/// Fills `buf` from the kernel's CRNG, waiting until it is seeded (getrandom(2) without
+/// flags): for key material. Never falls back to anything weaker.
+pub fn secure_random_bytes(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut filled = 0;
+    while let Some(rest) = buf.get_mut(filled..).filter(|r| !r.is_empty()) {
+        match getrandom(rest, 0) {
+            Ok(n) => filled += n,
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -81,6 +104,8 @@ mod tests {
         let mut b = [0u8; 32];
         super::random_bytes(&mut a);
         super::random_bytes(&mut b);
+        assert_ne!(a, b);
+        super::secure_random_bytes(&mut a).unwrap();
         assert_ne!(a, b);
     }
 }

@@ -217,6 +217,56 @@ impl Sysroot {
         Ok(account)
     }
 
+    /// Removes `name` from passwd and shadow, its own group (named like it, its primary gid)
+    /// from group and gshadow, and its name from other groups' member lists; the other lines
+    /// stay as they were. Returns the home directory passwd named, or None when no such user.
+    /// group and gshadow go last, so passwd never names a missing group.
+    pub fn remove_user(&self, name: &str) -> Result<Option<String>, WriteError> {
+        let mut passwd = Table::parse(self.read("/etc/passwd")?);
+        let Some(i) = passwd.find(name) else {
+            return Ok(None);
+        };
+        let home = passwd.field(i, 5).unwrap_or("").to_string();
+        let gid = passwd.field(i, 3).unwrap_or("").to_string();
+        passwd.0.remove(i);
+        let mut shadow = Table::parse(self.read("/etc/shadow")?);
+        shadow.0.retain(|l| l.split(':').next() != Some(name));
+        let drop_member = |members: &str| -> String {
+            members
+                .split(',')
+                .filter(|m| !m.is_empty() && *m != name)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut group = Table::parse(self.read("/etc/group")?);
+        group
+            .0
+            .retain(|l| !(l.split(':').next() == Some(name) && l.split(':').nth(2) == Some(&gid)));
+        for i in 0..group.0.len() {
+            if let Some(m) = group.field(i, 3).map(drop_member) {
+                group.set_field(i, 3, &m);
+            }
+        }
+        self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
+        self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
+        if self.exists("/etc/gshadow") {
+            let mut gshadow = Table::parse(self.read("/etc/gshadow")?);
+            gshadow
+                .0
+                .retain(|l| l.split(':').next() != Some(name) || group.find(name).is_some());
+            for i in 0..gshadow.0.len() {
+                for n in [2, 3] {
+                    if let Some(m) = gshadow.field(i, n).map(drop_member) {
+                        gshadow.set_field(i, n, &m);
+                    }
+                }
+            }
+            self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
+        }
+        self.rewrite("/etc/group", &group.bytes(), 0o644)?;
+        Ok(Some(home))
+    }
+
     pub(super) fn login_shell(&self) -> String {
         let from_defaults = self
             .read("/etc/default/useradd")

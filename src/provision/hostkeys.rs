@@ -1,0 +1,323 @@
+//! Per-VM SSH host keys. An image carries the host keys made when it was built, so every VM
+//! from it would offer the same ones. On a provisioning run (a new VM id) azprov makes new
+//! ed25519, ECDSA (nistp256) and RSA (3072) keys from the kernel's CRNG, writes them in OpenSSH
+//! format over the image's, and prints their fingerprints on the console as cloud-init does
+//! (the block tools that scrape Azure's boot diagnostics parse). The keys are made beside the
+//! network stages (RSA takes seconds); the private halves never reach a log.
+
+use super::sysroot::{Sysroot, WriteError};
+use rand_core::{CryptoRng, RngCore};
+use ssh_key::private::{KeypairData, RsaKeypair};
+use ssh_key::{Algorithm, EcdsaCurve, HashAlg, LineEnding, PrivateKey};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub const SSH_DIR: &str = "/etc/ssh";
+pub const BEGIN: &str = "-----BEGIN SSH HOST KEY FINGERPRINTS-----";
+pub const END: &str = "-----END SSH HOST KEY FINGERPRINTS-----";
+/// Hyper-V's entropy seed, an ACPI table (cloud-init feeds it to the pool too).
+const OEM0: &str = "firmware/acpi/tables/OEM0";
+const RSA_BITS: usize = 3072;
+
+/// The key types made, in the order ssh-keygen -A makes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyType {
+    Rsa,
+    Ecdsa,
+    Ed25519,
+}
+
+impl KeyType {
+    pub const ALL: [KeyType; 3] = [KeyType::Rsa, KeyType::Ecdsa, KeyType::Ed25519];
+
+    /// The part of `ssh_host_<name>_key`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyType::Rsa => "rsa",
+            KeyType::Ecdsa => "ecdsa",
+            KeyType::Ed25519 => "ed25519",
+        }
+    }
+
+    /// Bits and label as `ssh-keygen -l` prints them.
+    fn bits_label(self) -> (usize, &'static str) {
+        match self {
+            KeyType::Rsa => (RSA_BITS, "RSA"),
+            KeyType::Ecdsa => (256, "ECDSA"),
+            KeyType::Ed25519 => (256, "ED25519"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum HostKeyError {
+    Entropy(crate::sys::Errno),
+    Generate { key: KeyType, detail: String },
+    Write(WriteError),
+    Panicked,
+}
+
+impl std::fmt::Display for HostKeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostKeyError::Entropy(e) => write!(f, "getrandom: {e}"),
+            HostKeyError::Generate { key, detail } => {
+                write!(f, "generating the {} key: {detail}", key.name())
+            }
+            HostKeyError::Write(e) => write!(f, "{e}"),
+            HostKeyError::Panicked => write!(f, "the key generation thread panicked"),
+        }
+    }
+}
+
+impl std::error::Error for HostKeyError {}
+
+/// The kernel's CRNG through a blocking getrandom(2), as the RNG the key generators draw from.
+struct Crng;
+
+impl RngCore for Crng {
+    fn next_u32(&mut self) -> u32 {
+        let mut b = [0u8; 4];
+        self.fill_bytes(&mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        self.fill_bytes(&mut b);
+        u64::from_le_bytes(b)
+    }
+
+    // The key generators call this infallible form. `generate` has drawn from the CRNG once
+    // already, so it cannot fail here; if it did, no key may come from anything weaker: the
+    // keygen thread's panic is reported as a failed generation and the image's keys stay.
+    #[allow(clippy::panic)]
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        if let Err(e) = self.try_fill_bytes(dest) {
+            panic!("getrandom: {e}");
+        }
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand_core::Error> {
+        crate::sys::secure_random_bytes(dest).map_err(|e| {
+            rand_core::Error::from(
+                std::num::NonZeroU32::new(e as u32).unwrap_or(std::num::NonZeroU32::MIN),
+            )
+        })
+    }
+}
+
+impl CryptoRng for Crng {}
+
+/// New keys, not yet written, with what making them cost.
+pub struct Generated {
+    keys: Vec<(KeyType, PrivateKey)>,
+    pub took: Vec<(KeyType, Duration)>,
+    /// How long the first blocking getrandom waited for the CRNG.
+    pub entropy_wait: Duration,
+    /// Bytes of platform seed mixed into the pool first.
+    pub seeded: Option<usize>,
+}
+
+/// Mixes Hyper-V's seed (`/sys/firmware/acpi/tables/OEM0`) into the kernel's pool by writing
+/// it to /dev/urandom (mixed in, not credited), so the CRNG is not waited for on a young
+/// kernel. None when the platform has no seed.
+pub fn seed_from_platform(sys: &Path) -> Option<usize> {
+    let seed = std::fs::read(sys.join(OEM0))
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    std::fs::write("/dev/urandom", &seed).ok()?;
+    Some(seed.len())
+}
+
+/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first).
+pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
+    let seeded = seed_from_platform(sys);
+    let t = Instant::now();
+    let mut probe = [0u8; 1];
+    crate::sys::secure_random_bytes(&mut probe).map_err(HostKeyError::Entropy)?;
+    let entropy_wait = t.elapsed();
+    let mut keys = Vec::new();
+    let mut took = Vec::new();
+    for kind in KeyType::ALL {
+        let t = Instant::now();
+        let err = |e: ssh_key::Error| HostKeyError::Generate {
+            key: kind,
+            detail: e.to_string(),
+        };
+        let key = match kind {
+            KeyType::Rsa => {
+                let pair = RsaKeypair::random(&mut Crng, RSA_BITS).map_err(err)?;
+                PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
+            }
+            KeyType::Ecdsa => PrivateKey::random(
+                &mut Crng,
+                Algorithm::Ecdsa {
+                    curve: EcdsaCurve::NistP256,
+                },
+            )
+            .map_err(err)?,
+            KeyType::Ed25519 => PrivateKey::random(&mut Crng, Algorithm::Ed25519).map_err(err)?,
+        };
+        took.push((kind, t.elapsed()));
+        keys.push((kind, key));
+    }
+    Ok(Generated {
+        keys,
+        took,
+        entropy_wait,
+        seeded,
+    })
+}
+
+/// Writes the keys over the image's (`/etc/ssh/ssh_host_<type>_key`, 0600 root, and `.pub`,
+/// 0644 root, each atomically), then removes the image's keys of other types, so sshd never
+/// finds an old key or none. Returns the fingerprint lines. A root without /etc/ssh (no sshd)
+/// gets no keys: Ok(empty).
+pub fn install(
+    root: &Sysroot,
+    mut generated: Generated,
+    hostname: &str,
+) -> Result<Vec<String>, HostKeyError> {
+    let dir = root.resolve(SSH_DIR).map_err(HostKeyError::Write)?;
+    if !dir.is_dir() {
+        log::info!("host keys: no {SSH_DIR} in the root; none written");
+        return Ok(Vec::new());
+    }
+    let comment = format!("root@{hostname}");
+    let mut lines = Vec::new();
+    let mut written = Vec::new();
+    for (kind, key) in generated.keys.iter_mut() {
+        key.set_comment(&comment);
+        let private = key
+            .to_openssh(LineEnding::LF)
+            .map_err(|e| HostKeyError::Generate {
+                key: *kind,
+                detail: e.to_string(),
+            })?;
+        let public = key
+            .public_key()
+            .to_openssh()
+            .map_err(|e| HostKeyError::Generate {
+                key: *kind,
+                detail: e.to_string(),
+            })?;
+        let path = format!("{SSH_DIR}/ssh_host_{}_key", kind.name());
+        root.write(&path, private.as_bytes(), 0o600, (0, 0))
+            .map_err(HostKeyError::Write)?;
+        root.write(
+            &format!("{path}.pub"),
+            format!("{public}\n").as_bytes(),
+            0o644,
+            (0, 0),
+        )
+        .map_err(HostKeyError::Write)?;
+        written.push(format!("ssh_host_{}_key", kind.name()));
+        lines.push(fingerprint_line(*kind, key, &comment));
+    }
+    for name in crate::sys::sorted_names(&dir) {
+        let stem = name.strip_suffix(".pub").unwrap_or(&name);
+        let stem = stem.strip_suffix("-cert").unwrap_or(stem);
+        let ours = written.iter().any(|w| w == stem) && !name.ends_with("-cert.pub");
+        if stem.starts_with("ssh_host_") && stem.ends_with("_key") && !ours {
+            let p = dir.join(&name);
+            if let Err(e) = std::fs::remove_file(&p) {
+                log::warn!("host keys: cannot remove the image's {name}: {e}");
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// One line as `ssh-keygen -l -f KEY.pub` prints it: `256 SHA256:… root@vm (ED25519)`.
+fn fingerprint_line(kind: KeyType, key: &PrivateKey, comment: &str) -> String {
+    let (bits, label) = kind.bits_label();
+    format!(
+        "{bits} {} {comment} ({label})",
+        key.fingerprint(HashAlg::Sha256)
+    )
+}
+
+/// The fingerprint block for the console (Azure's boot diagnostics) and the log file.
+pub fn fingerprint_block(lines: &[String]) -> Vec<String> {
+    let mut out = vec![BEGIN.to_string()];
+    out.extend(lines.iter().cloned());
+    out.push(END.to_string());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_written_over_the_image_s_and_fingerprinted() {
+        let d = std::env::temp_dir().join(format!("azprov-hostkeys-{}", std::process::id()));
+        let ssh = d.join("etc/ssh");
+        std::fs::create_dir_all(&ssh).unwrap();
+        for f in [
+            "ssh_host_rsa_key",
+            "ssh_host_rsa_key.pub",
+            "ssh_host_dsa_key",
+            "ssh_host_dsa_key.pub",
+            "ssh_host_ed25519_key-cert.pub",
+            "sshd_config",
+        ] {
+            std::fs::write(ssh.join(f), "image\n").unwrap();
+        }
+        let g = generate(Path::new("/nonexistent")).unwrap();
+        assert_eq!(g.seeded, None);
+        let lines = install(&Sysroot::new(&d), g, "vm-1").unwrap();
+        assert_eq!(lines.len(), 3);
+        let re_shape = |l: &str, bits: &str, label: &str| {
+            l.starts_with(&format!("{bits} SHA256:"))
+                && l.ends_with(&format!(" root@vm-1 ({label})"))
+        };
+        assert!(re_shape(&lines[0], "3072", "RSA"), "{}", lines[0]);
+        assert!(re_shape(&lines[1], "256", "ECDSA"), "{}", lines[1]);
+        assert!(re_shape(&lines[2], "256", "ED25519"), "{}", lines[2]);
+        use std::os::unix::fs::MetadataExt;
+        let names = crate::sys::sorted_names(&ssh);
+        assert_eq!(
+            names,
+            [
+                "ssh_host_ecdsa_key",
+                "ssh_host_ecdsa_key.pub",
+                "ssh_host_ed25519_key",
+                "ssh_host_ed25519_key.pub",
+                "ssh_host_rsa_key",
+                "ssh_host_rsa_key.pub",
+                "sshd_config"
+            ]
+        );
+        for kind in KeyType::ALL {
+            let p = ssh.join(format!("ssh_host_{}_key", kind.name()));
+            let private = std::fs::read_to_string(&p).unwrap();
+            assert!(private.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----\n"));
+            assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+            let public = std::fs::read_to_string(p.with_extension("pub")).unwrap();
+            assert!(public.ends_with(" root@vm-1\n"), "{public}");
+            assert_eq!(
+                std::fs::metadata(p.with_extension("pub")).unwrap().mode() & 0o777,
+                0o644
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(ssh.join("sshd_config")).unwrap(),
+            "image\n"
+        );
+        let block = fingerprint_block(&lines);
+        assert_eq!(block.first().map(String::as_str), Some(BEGIN));
+        assert_eq!(block.last().map(String::as_str), Some(END));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_root_without_sshd_gets_no_keys() {
+        let d = std::env::temp_dir().join(format!("azprov-nossh-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("etc")).unwrap();
+        let g = generate(Path::new("/nonexistent")).unwrap();
+        assert!(install(&Sysroot::new(&d), g, "vm").unwrap().is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

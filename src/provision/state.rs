@@ -1,0 +1,85 @@
+//! What azprov remembers in the root about its last run (`/var/lib/azprov/state.json`): what
+//! was provisioned, whether Azure acknowledged the report, the host keys it made. `azprov
+//! status` shows it, `azprov clean` uses it to find the user azprov created, and the next boot
+//! uses it to finish what an interrupted run left (host keys not yet made for this VM id).
+//! Never holds a secret.
+
+use super::run::Timings;
+use super::sysroot::{Sysroot, STATE_DIR};
+use serde::{Deserialize, Serialize};
+
+pub const FILE: &str = "state.json";
+
+/// What Azure was told, as far as azprov knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Acked {
+    /// Ready was acknowledged (2xx).
+    Ready,
+    /// NotReady was acknowledged.
+    Failure,
+    /// No report was acknowledged (yet).
+    Pending,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct State {
+    pub vm_id: Option<String>,
+    /// When the writes finished (RFC 3339); None when they failed.
+    pub provisioned_at: Option<String>,
+    pub report: Option<Acked>,
+    pub reported_at: Option<String>,
+    pub reason: Option<String>,
+    pub hostname: Option<String>,
+    pub username: Option<String>,
+    /// Whether azprov created the user (`azprov clean --user` removes only such a user).
+    pub user_created: bool,
+    /// `ssh-keygen -l` lines of the host keys azprov made.
+    pub host_keys: Vec<String>,
+    /// The VM id the host keys were made for: a reboot keeps them, a new VM id replaces them.
+    pub host_keys_vm_id: Option<String>,
+    pub timings_ms: Timings,
+}
+
+impl State {
+    /// The state in `root`, or None when there is none (or it does not parse: a log line).
+    pub fn load(root: &Sysroot) -> Option<State> {
+        let bytes = root.read(&format!("{STATE_DIR}/{FILE}")).ok().flatten()?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| log::warn!("{STATE_DIR}/{FILE}: {e}; ignored"))
+            .ok()
+    }
+
+    pub fn save(&self, root: &Sysroot) -> Result<(), super::sysroot::WriteError> {
+        let mut json = serde_json::to_vec_pretty(self).unwrap_or_default();
+        json.push(b'\n');
+        root.write_state(FILE, &json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_tolerates_missing_fields() {
+        let d = std::env::temp_dir().join(format!("azprov-state-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let root = Sysroot::new(&d);
+        assert_eq!(State::load(&root), None);
+        let s = State {
+            vm_id: Some("id".into()),
+            report: Some(Acked::Pending),
+            host_keys: vec!["256 SHA256:x root@vm (ED25519)".into()],
+            ..State::default()
+        };
+        s.save(&root).unwrap();
+        assert_eq!(State::load(&root), Some(s));
+        std::fs::write(d.join("var/lib/azprov/state.json"), r#"{"report":"ready"}"#).unwrap();
+        assert_eq!(State::load(&root).unwrap().report, Some(Acked::Ready));
+        std::fs::write(d.join("var/lib/azprov/state.json"), "{").unwrap();
+        assert_eq!(State::load(&root), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
