@@ -31,6 +31,9 @@ pub enum Output {
     Kmsg(std::fs::File),
     /// /dev/log: one `<facility*8+priority>azprov[PID]: message` datagram per line.
     Syslog(UnixDatagram),
+    /// stderr, which systemd connected to the journal (a unit with `StandardError=journal`),
+    /// and each line on /dev/console too, where the unit's output does not go.
+    Journal(Option<std::fs::File>),
 }
 
 /// syslog severities: err 3, warning 4, notice 5 (info lines stay visible on a `loglevel=6`
@@ -95,6 +98,12 @@ impl Log for Logger {
                     let rec = syslog_record(r.level(), std::process::id(), &r.args().to_string());
                     let _ = sock.send(rec.as_bytes());
                 }
+                Output::Journal(console) => {
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                    if let Some(c) = console {
+                        let _ = c.write_all(line.as_bytes());
+                    }
+                }
             }
         }
         if severity(r.level()) >= self.tee_from.load(Ordering::Relaxed) {
@@ -148,15 +157,16 @@ pub struct HookOutput {
     devkmsg: Option<String>,
 }
 
-/// Chooses hook mode's outputs: stderr alone when it already goes to the journal (a systemd
-/// unit: `$JOURNAL_STREAM` names it, and the unit sets the identifier); /dev/log plus stderr
+/// Chooses hook mode's outputs: stderr when it already goes to the journal (a systemd unit:
+/// `$JOURNAL_STREAM` names it, and the unit sets the identifier), and /dev/console beside it; /dev/log plus stderr
 /// when a journald or syslog daemon listens; /dev/kmsg inside an initramfs without one
 /// (initramfs-tools: the journal imports the kernel buffer later), plus stderr for the lines
 /// the kernel does not print on the console itself; else stderr.
 pub fn hook_output() -> HookOutput {
     let mut guard = HookOutput { devkmsg: None };
     let (out, tee) = if stderr_is_journal() {
-        (Output::Stderr, NO_TEE)
+        let console = std::fs::OpenOptions::new().write(true).open("/dev/console");
+        (Output::Journal(console.ok()), NO_TEE)
     } else if let Some(sock) = syslog_socket(Path::new(DEV_LOG)) {
         (Output::Syslog(sock), 0)
     } else if in_initramfs() {
@@ -255,6 +265,12 @@ pub fn console_lines(lines: &[String]) {
                 }
                 Output::Stderr | Output::Syslog(_) => {
                     let _ = std::io::stderr().write_all(text.as_bytes());
+                }
+                Output::Journal(console) => {
+                    let _ = std::io::stderr().write_all(text.as_bytes());
+                    if let Some(c) = console {
+                        let _ = c.write_all(text.as_bytes());
+                    }
                 }
             }
         }

@@ -869,3 +869,50 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
     assert_eq!(v["host_keys"].as_array().unwrap().len(), 3);
     assert_ne!(text(ssh.join("ssh_host_ed25519_key")), ed25519);
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_ready_not_acknowledged_is_sent_again_on_the_next_boot_and_only_it() {
+    require_privileges();
+    let down = json!([{"endpoint": "goalstate", "requests": "*", "status": 503}]);
+    let (mut net, root) = setup(doc("vm-durable", "azureuser"), down, &[]);
+    let r = root.to_str().unwrap();
+    // first boot: provisioned, but the WireServer never answers
+    let (o, v) = provision(&net, &root, &["--timeout", "6", "--keep-host-keys"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(v["reason"], "failed to report ready");
+    assert!(root.join("var/lib/azprov/provisioned").exists());
+    let (o, st) = azprov_json(&net, &["status", "--root", r, "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        (st["provisioned"].clone(), st["report"].clone()),
+        (json!(true), json!("pending"))
+    );
+    let passwd = text(root.join("etc/passwd"));
+    let before = net.fabric_log().len();
+
+    // second boot, the fabric healthy: Ready again, no IMDS request, no rewrite
+    net.restart_fabric(&doc("vm-durable", "azureuser"), &json!([]));
+    let (o, v) = provision(&net, &root, &["--keep-host-keys"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert!(stderr(&o).contains("reporting it again"), "{}", stderr(&o));
+    let second: Vec<Value> = net.fabric_log().into_iter().skip(before).collect();
+    assert!(second.iter().all(|e| e["endpoint"] != "imds"), "{second:?}");
+    assert_eq!(health_posts(&net).last().unwrap()["state"], "Ready");
+    assert_eq!(text(root.join("etc/passwd")), passwd);
+    let (o, st) = azprov_json(&net, &["status", "--root", r, "--json"]);
+    assert!(o.status.success());
+    assert_eq!(st["report"], "ready");
+
+    // acknowledged now: the third boot sends nothing
+    let count = net.fabric_log().len();
+    let (o, v) = provision(&net, &root, &["--keep-host-keys"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "skipped");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(net.fabric_log().len(), count);
+}

@@ -287,6 +287,11 @@ pub fn provision(opts: &Options) -> Summary {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
+            if let Some(st) = State::load(&root)
+                .filter(|st| st.report == Some(Acked::Pending) && st.provisioned_at.is_some())
+            {
+                resend_ready(opts, &root, st, &mut s);
+            }
             if opts.host_keys {
                 finish_host_keys(opts, &root, &mut s);
             }
@@ -621,6 +626,54 @@ fn install_host_keys(
             s.host_keys = lines;
         }
         Err(e) => log::error!("host keys: {e}; the image's keys stay"),
+    }
+}
+
+/// On a provisioned boot whose Ready was never acknowledged (the WireServer was down for the
+/// whole first boot): DHCP and the report again, nothing else, so Azure sees Ready now rather
+/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing.
+fn resend_ready(opts: &Options, root: &Sysroot, mut state: State, s: &mut Summary) {
+    log::info!("the Ready of the first boot was not acknowledged; reporting it again");
+    let deadline = Deadline::after(opts.timeout);
+    let _writable = if opts.remount {
+        writable(&opts.root)
+    } else {
+        None
+    };
+    let t = Instant::now();
+    let network = network(opts, state.hostname.as_deref(), deadline);
+    s.timings_ms.dhcp = ms(t.elapsed());
+    let lease_ws = match &network {
+        Ok(Some(applied)) => applied.lease().wireserver,
+        _ => None,
+    };
+    let client = Client::new();
+    let ws = WireServer {
+        client: &client,
+        addr: opts.wireserver.unwrap_or_else(|| {
+            SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80))
+        }),
+    };
+    let t = Instant::now();
+    let dl = if network.is_err() {
+        deadline.min(REPORT_WITHOUT_LEASE)
+    } else {
+        deadline
+    };
+    if report(&ws, &Ok(()), s, dl) {
+        state.report = Some(Acked::Ready);
+        state.reported_at = Some(crate::time::now_rfc3339());
+        if let Err(e) = state.save(root) {
+            log::warn!("cannot write the state: {e}");
+        }
+    } else {
+        s.report = Report::Failure;
+    }
+    s.timings_ms.report = ms(t.elapsed());
+    if let Ok(Some(applied)) = network {
+        if let Err(e) = applied.teardown() {
+            log::warn!("teardown: {e}");
+        }
     }
 }
 

@@ -414,6 +414,16 @@ impl Net {
         ));
     }
 
+    /// Stops the fabric started last and starts it again with another playbook (a fabric that
+    /// was down on one boot and is healthy on the next). The request log goes on.
+    pub fn restart_fabric(&mut self, doc: &serde_json::Value, playbook: &serde_json::Value) {
+        if let Some(mut old) = self.children.pop() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        self.fabric(doc, playbook, &[]);
+    }
+
     /// Every request the fabric received, in order.
     pub fn fabric_log(&self) -> Vec<serde_json::Value> {
         read(&self.path("fabric.jsonl"))
