@@ -154,7 +154,18 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
     let t = v["timings_ms"].as_object().unwrap();
     let mut tk: Vec<&str> = t.keys().map(String::as_str).collect();
     tk.sort();
-    assert_eq!(tk, ["dhcp", "imds", "media", "report", "total", "write"]);
+    assert_eq!(
+        tk,
+        [
+            "dhcp",
+            "host_keys",
+            "imds",
+            "media",
+            "report",
+            "total",
+            "write"
+        ]
+    );
 
     // hostname from IMDS, /etc/hosts
     assert_eq!(text(root.join("etc/hostname")), "vm-prov-1\n");

@@ -21,7 +21,9 @@ pub fn write_all(root: &Sysroot, data: &ProvisioningData, vm_id: &str) -> Result
     let account = root
         .ensure_user(user, data.password.as_ref())
         .map_err(|e| match e {
-            WriteError::SystemAccount { .. } => Failure::new(Reason::InvalidUsername, e),
+            WriteError::SystemAccount { .. }
+            | WriteError::NoLogin { .. }
+            | WriteError::SystemGroup { .. } => Failure::new(Reason::InvalidUsername, e),
             e => Failure::new(Reason::CreateUser, e),
         })?;
     log::info!(

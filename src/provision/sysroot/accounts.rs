@@ -21,51 +21,90 @@ fn login_defs(text: &str, key: &str) -> Option<u32> {
         })
 }
 
-/// The lines of a colon-separated account file.
-struct Table(Vec<String>);
+/// The lines of a colon-separated account file, as bytes: lines azprov does not edit are
+/// written back byte for byte, whatever their encoding (a GECOS field in Latin-1 stays so).
+struct Table(Vec<Vec<u8>>);
+
+fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|b| *b == b':')
+}
 
 impl Table {
     fn parse(bytes: Option<Vec<u8>>) -> Table {
-        let text = bytes
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
-        Table(text.lines().map(str::to_string).collect())
+        let bytes = bytes.unwrap_or_default();
+        let mut lines: Vec<Vec<u8>> = bytes.split(|b| *b == b'\n').map(<[u8]>::to_vec).collect();
+        if lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        Table(lines)
     }
 
     fn find(&self, name: &str) -> Option<usize> {
         self.0
             .iter()
-            .position(|l| l.split(':').next() == Some(name))
+            .position(|l| fields(l).next() == Some(name.as_bytes()))
     }
 
+    /// Field `n` of line `i` (text fields only: ids, home, shell).
     fn field(&self, i: usize, n: usize) -> Option<&str> {
-        self.0.get(i).and_then(|l| l.split(':').nth(n))
+        self.0
+            .get(i)
+            .and_then(|l| fields(l).nth(n))
+            .and_then(|f| std::str::from_utf8(f).ok())
     }
 
     fn ids(&self, n: usize) -> Vec<u32> {
         self.0
             .iter()
-            .filter_map(|l| l.split(':').nth(n)?.parse().ok())
+            .filter_map(|l| std::str::from_utf8(fields(l).nth(n)?).ok()?.parse().ok())
             .collect()
     }
 
-    fn set_field(&mut self, i: usize, n: usize, value: &str) {
+    fn set_field(&mut self, i: usize, n: usize, value: &[u8]) {
         if let Some(line) = self.0.get_mut(i) {
-            let mut f: Vec<&str> = line.split(':').collect();
+            let mut f: Vec<&[u8]> = fields(line).collect();
             while f.len() <= n {
-                f.push("");
+                f.push(b"");
             }
             if let Some(slot) = f.get_mut(n) {
                 *slot = value;
             }
-            *line = f.join(":");
+            *line = f.join(&b':');
+        }
+    }
+
+    fn push(&mut self, line: String) {
+        self.0.push(line.into_bytes());
+    }
+
+    /// Drops the lines whose fields `drop` picks.
+    fn remove_where(&mut self, drop: impl Fn(&[&[u8]]) -> bool) {
+        self.0.retain(|l| !drop(&fields(l).collect::<Vec<_>>()));
+    }
+
+    /// Removes `name` from the comma-separated member lists in fields `cols` of every line.
+    fn drop_member(&mut self, cols: &[usize], name: &str) {
+        for i in 0..self.0.len() {
+            for &n in cols {
+                let Some(members) = self.0.get(i).and_then(|l| fields(l).nth(n)) else {
+                    continue;
+                };
+                let kept: Vec<&[u8]> = members
+                    .split(|b| *b == b',')
+                    .filter(|m| !m.is_empty() && *m != name.as_bytes())
+                    .collect();
+                let kept = kept.join(&b',');
+                if kept.as_slice() != members {
+                    self.set_field(i, n, &kept);
+                }
+            }
         }
     }
 
     fn bytes(&self) -> Vec<u8> {
-        let mut s = self.0.join("\n");
-        s.push('\n');
-        s.into_bytes()
+        let mut s = self.0.join(&b'\n');
+        s.push(b'\n');
+        s
     }
 }
 
@@ -139,10 +178,18 @@ impl Sysroot {
         let hash = password.map(hash_password).transpose()?;
         let account = if let Some(i) = passwd.find(name) {
             let uid: u32 = passwd.field(i, 2).and_then(|v| v.parse().ok()).unwrap_or(0);
-            if uid < uid_min {
+            // `nobody` (65534), root, daemons: never the admin with sudo and the keys
+            if uid < uid_min || uid > uid_max || uid == 0 {
                 return Err(WriteError::SystemAccount {
                     name: name.to_string(),
                     uid,
+                });
+            }
+            let shell = passwd.field(i, 6).unwrap_or("");
+            if shell.ends_with("/nologin") || shell.ends_with("/false") {
+                return Err(WriteError::NoLogin {
+                    name: name.to_string(),
+                    shell: shell.to_string(),
                 });
             }
             let gid = passwd
@@ -162,7 +209,22 @@ impl Sysroot {
             let uid = (uid_min..=uid_max)
                 .find(|u| !used_uids.contains(u))
                 .ok_or(WriteError::NoFreeId)?;
-            let gid = if used_gids.contains(&uid) || uid < gid_min || uid > gid_max {
+            // a group already named like the user becomes its primary group, unless it is a
+            // system group (the user would get its files' group rights)
+            let same_name = group
+                .find(name)
+                .map(|g| group.field(g, 2).and_then(|v| v.parse::<u32>().ok()));
+            let gid = if let Some(existing) = same_name {
+                match existing {
+                    Some(g) if g >= gid_min && g <= gid_max => g,
+                    g => {
+                        return Err(WriteError::SystemGroup {
+                            name: name.to_string(),
+                            gid: g.unwrap_or(0),
+                        })
+                    }
+                }
+            } else if used_gids.contains(&uid) || uid < gid_min || uid > gid_max {
                 (gid_min..=gid_max)
                     .find(|g| !used_gids.contains(g))
                     .ok_or(WriteError::NoFreeId)?
@@ -171,13 +233,11 @@ impl Sysroot {
             };
             let home = format!("/home/{name}");
             let shell = self.login_shell();
-            passwd
-                .0
-                .push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
+            passwd.push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
             if group.find(name).is_none() {
-                group.0.push(format!("{name}:x:{gid}:"));
+                group.push(format!("{name}:x:{gid}:"));
                 if gshadow_present {
-                    gshadow.0.push(format!("{name}:!::"));
+                    gshadow.push(format!("{name}:!::"));
                 }
             }
             Account {
@@ -191,15 +251,13 @@ impl Sysroot {
         match shadow.find(name) {
             Some(i) => {
                 if let Some(h) = &hash {
-                    shadow.set_field(i, 1, h);
-                    shadow.set_field(i, 2, &days_since_epoch().to_string());
+                    shadow.set_field(i, 1, h.as_bytes());
+                    shadow.set_field(i, 2, days_since_epoch().to_string().as_bytes());
                 }
             }
             None => {
                 let pw = hash.clone().unwrap_or_else(|| "!".into());
-                shadow
-                    .0
-                    .push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
+                shadow.push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
             }
         }
         // group and gshadow first, so a passwd entry never names a missing group
@@ -229,38 +287,19 @@ impl Sysroot {
         let home = passwd.field(i, 5).unwrap_or("").to_string();
         let gid = passwd.field(i, 3).unwrap_or("").to_string();
         passwd.0.remove(i);
+        let me = name.as_bytes();
         let mut shadow = Table::parse(self.read("/etc/shadow")?);
-        shadow.0.retain(|l| l.split(':').next() != Some(name));
-        let drop_member = |members: &str| -> String {
-            members
-                .split(',')
-                .filter(|m| !m.is_empty() && *m != name)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        shadow.remove_where(|f| f.first() == Some(&me));
         let mut group = Table::parse(self.read("/etc/group")?);
-        group
-            .0
-            .retain(|l| !(l.split(':').next() == Some(name) && l.split(':').nth(2) == Some(&gid)));
-        for i in 0..group.0.len() {
-            if let Some(m) = group.field(i, 3).map(drop_member) {
-                group.set_field(i, 3, &m);
-            }
-        }
+        group.remove_where(|f| f.first() == Some(&me) && f.get(2) == Some(&gid.as_bytes()));
+        group.drop_member(&[3], name);
+        let own_group_left = group.find(name).is_some();
         self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
         self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
         if self.exists("/etc/gshadow") {
             let mut gshadow = Table::parse(self.read("/etc/gshadow")?);
-            gshadow
-                .0
-                .retain(|l| l.split(':').next() != Some(name) || group.find(name).is_some());
-            for i in 0..gshadow.0.len() {
-                for n in [2, 3] {
-                    if let Some(m) = gshadow.field(i, n).map(drop_member) {
-                        gshadow.set_field(i, n, &m);
-                    }
-                }
-            }
+            gshadow.remove_where(|f| f.first() == Some(&me) && !own_group_left);
+            gshadow.drop_member(&[2, 3], name);
             self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
         }
         self.rewrite("/etc/group", &group.bytes(), 0o644)?;

@@ -36,6 +36,16 @@ pub enum WriteError {
         name: String,
         uid: u32,
     },
+    /// The user name belongs to an account that cannot log in (nologin, false).
+    NoLogin {
+        name: String,
+        shell: String,
+    },
+    /// A group named like the new user exists and is a system group.
+    SystemGroup {
+        name: String,
+        gid: u32,
+    },
     /// No free uid or gid in the login.defs range.
     NoFreeId,
     Corrupt(String),
@@ -49,6 +59,15 @@ impl std::fmt::Display for WriteError {
             WriteError::Io { op, path, source } => write!(f, "{op} {path}: {source}"),
             WriteError::SystemAccount { name, uid } => {
                 write!(f, "{name} is an existing system account (uid {uid})")
+            }
+            WriteError::NoLogin { name, shell } => {
+                write!(
+                    f,
+                    "{name} is an existing account that cannot log in ({shell})"
+                )
+            }
+            WriteError::SystemGroup { name, gid } => {
+                write!(f, "a system group named {name} exists (gid {gid})")
             }
             WriteError::NoFreeId => write!(f, "no free uid/gid in the login.defs range"),
             WriteError::Corrupt(m) => write!(f, "{m}"),
@@ -167,8 +186,10 @@ impl Sysroot {
         Err(WriteError::Escape(path.to_string()))
     }
 
+    /// Reads `path` as the root sees it: every component, the last one too, resolved inside
+    /// the root (an absolute symlink points into the root, never at the host's file).
     pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>, WriteError> {
-        let p = self.resolve(path)?;
+        let p = self.resolve_full(path)?;
         match fs::read(&p) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -214,15 +235,18 @@ impl Sysroot {
         write_atomic(&p, data, mode, owner)
     }
 
-    /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…).
+    /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…). A
+    /// symlinked file (`/etc/passwd -> /usr/share/…`) is rewritten where it points inside the
+    /// root, as a tool in a chroot would; the mode and owner come from that file, never from
+    /// one outside the root.
     pub(super) fn rewrite(
         &self,
         path: &str,
         data: &[u8],
         default_mode: u32,
     ) -> Result<(), WriteError> {
-        let p = self.resolve(path)?;
-        let (mode, owner) = match fs::metadata(&p) {
+        let p = self.resolve_full(path)?;
+        let (mode, owner) = match fs::symlink_metadata(&p) {
             Ok(md) => (md.mode() & 0o7777, (md.uid(), md.gid())),
             Err(_) => (default_mode, (0, 0)),
         };

@@ -407,3 +407,101 @@ fn state_files_are_private() {
     assert_eq!(root.read_marker().as_deref(), Some("vm-1"));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn accounts_outside_the_user_range_or_without_a_login_are_refused() {
+    let (dir, root) = seeded("range");
+    let mut passwd = text(&dir.join("etc/passwd"));
+    passwd.push_str("svc:x:1500:1500::/home/svc:/usr/sbin/nologin\n");
+    passwd.push_str("locked:x:1501:1501::/home/locked:/bin/false\n");
+    passwd.push_str("high:x:70000:70000::/home/high:/bin/bash\n");
+    fs::write(dir.join("etc/passwd"), &passwd).unwrap();
+    for (name, want) in [
+        ("nobody", "uid 65534"),
+        ("high", "uid 70000"),
+        ("svc", "cannot log in (/usr/sbin/nologin)"),
+        ("locked", "cannot log in (/bin/false)"),
+    ] {
+        let e = root
+            .ensure_user(&Username::parse(name).unwrap(), None)
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{name}: {e}");
+    }
+    assert_eq!(text(&dir.join("etc/passwd")), passwd);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_group_named_like_the_user_becomes_its_primary_group_unless_a_system_one() {
+    let (dir, root) = seeded("samegroup");
+    let mut group = text(&dir.join("etc/group"));
+    group.push_str("alice:x:1234:\nsysgrp:x:50:\n");
+    fs::write(dir.join("etc/group"), &group).unwrap();
+    let a = root
+        .ensure_user(&Username::parse("alice").unwrap(), None)
+        .unwrap();
+    assert_eq!(a.gid, 1234);
+    assert!(text(&dir.join("etc/passwd")).contains(":1234::/home/alice:"));
+    assert_eq!(text(&dir.join("etc/group")).matches("alice:").count(), 1);
+    let e = root
+        .ensure_user(&Username::parse("sysgrp").unwrap(), None)
+        .unwrap_err();
+    assert!(matches!(e, WriteError::SystemGroup { gid: 50, .. }), "{e}");
+    assert!(!text(&dir.join("etc/passwd")).contains("sysgrp"));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn other_accounts_lines_stay_byte_for_byte() {
+    let (dir, root) = seeded("bytes");
+    let mut passwd = fs::read(dir.join("etc/passwd")).unwrap();
+    // a Latin-1 GECOS (é = 0xE9), not UTF-8
+    passwd.extend_from_slice(b"rene:x:1001:1001:Ren\xe9 Z:/home/rene:/bin/bash\n");
+    fs::write(dir.join("etc/passwd"), &passwd).unwrap();
+    root.ensure_user(&Username::parse("azureuser").unwrap(), None)
+        .unwrap();
+    let after = fs::read(dir.join("etc/passwd")).unwrap();
+    assert!(after.starts_with(&passwd), "the old lines changed");
+    assert!(after[passwd.len()..].starts_with(b"azureuser:x:"));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_symlinked_passwd_is_read_and_edited_inside_the_root() {
+    let (dir, root) = seeded("linkedpasswd");
+    let real = dir.join("etc/passwd.real");
+    fs::rename(dir.join("etc/passwd"), &real).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o644)).unwrap();
+    // absolute: means the root's /etc/passwd.real, never the host's
+    symlink("/etc/passwd.real", dir.join("etc/passwd")).unwrap();
+    let before = text(&real);
+    root.ensure_user(&Username::parse("azureuser").unwrap(), None)
+        .unwrap();
+    assert!(fs::symlink_metadata(dir.join("etc/passwd"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let after = text(&real);
+    assert!(
+        after.starts_with(&before) && after.contains("\nazureuser:x:1000:"),
+        "{after}"
+    );
+    assert_eq!(mode(&real), 0o644);
+    fs::remove_dir_all(&dir).unwrap();
+}
