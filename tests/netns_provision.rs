@@ -927,3 +927,36 @@ fn a_ready_not_acknowledged_is_sent_again_on_the_next_boot_and_only_it() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(net.fabric_log().len(), count);
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_slow_first_goal_state_does_not_hold_back_the_imds_result() {
+    require_privileges();
+    // the early goal-state probe answers after 3 s; the report's own fetch at once
+    let slow = json!([{"endpoint": "goalstate", "requests": [1], "delay": 3}]);
+    let (net, root) = setup(doc("vm-slowprobe", "azureuser"), slow, &[]);
+    let (o, v) = provision(&net, &root, &["--keep-host-keys"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    // the fabric logs a request when it answers: Ready came before the probe's answer
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    let order: Vec<(String, u64)> = net
+        .fabric_log()
+        .iter()
+        .map(|e| {
+            (
+                e["endpoint"].as_str().unwrap_or("").to_string(),
+                e["n"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    let health = order.iter().position(|(e, _)| e == "health").unwrap();
+    let probe = order
+        .iter()
+        .position(|(e, n)| e == "goalstate" && *n == 1)
+        .unwrap();
+    assert!(health < probe, "{order:?}");
+}

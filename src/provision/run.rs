@@ -315,7 +315,9 @@ pub fn provision(opts: &Options) -> Summary {
     });
 
     let t = Instant::now();
-    let ovf = read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE));
+    let ovf = guarded("reading the provisioning media", || {
+        read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE))
+    });
     s.timings_ms.media = ms(t.elapsed());
     let ms_media = s.timings_ms.media;
     match &ovf {
@@ -353,7 +355,7 @@ pub fn provision(opts: &Options) -> Summary {
         Err(f) => Err(f.clone()),
         Ok(_) => {
             let t = Instant::now();
-            let imds = metadata(opts, &ws, deadline);
+            let imds = guarded("fetching IMDS", || metadata(opts, &ws, deadline));
             s.timings_ms.imds = ms(t.elapsed());
             match &imds {
                 Ok(m) => log::info!(
@@ -364,7 +366,7 @@ pub fn provision(opts: &Options) -> Summary {
                 ),
                 Err(f) => log::warn!("imds: {} ms: {f}", s.timings_ms.imds),
             }
-            merge(&ovf, &imds)
+            guarded("merging the metadata", || merge(&ovf, &imds))
         }
     };
 
@@ -509,28 +511,45 @@ fn network(
     }
 }
 
-/// IMDS, in parallel with the first goal-state fetch (which checks the WireServer early; the
-/// report fetches it again right before posting).
+/// A stage whose panic (a bug, most likely in a parser fed hostile input) must still reach
+/// Azure as NotReady "internal error" while the network is up, rather than end the run.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(Failure::new(
+            Reason::Internal,
+            format!("panic while {what}"),
+        ))
+    })
+}
+
+/// IMDS, beside a first goal-state fetch that checks the WireServer early (the report fetches
+/// the goal state again right before posting). The probe runs on a thread of its own and is
+/// never waited for: the IMDS result is used as soon as it arrives.
 fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
     let dl = deadline.min(deadline.remaining() * IMDS_SHARE.0 / IMDS_SHARE.1);
-    let (m, gs) = std::thread::scope(|scope| {
-        let h = scope.spawn(|| imds::fetch(ws.client, &opts.imds, dl));
-        let gs = ws.fetch_goal_state(dl.min(PROBE_BUDGET));
-        let m = h.join().unwrap_or_else(|_| {
-            Err(HttpError::Invalid {
-                url: opts.imds.clone(),
-                detail: "IMDS thread panicked".into(),
-            })
-        });
-        (m, gs)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let addr = ws.addr;
+    let probe_dl = dl.min(PROBE_BUDGET);
+    std::thread::spawn(move || {
+        let client = Client::new();
+        let probe = WireServer {
+            client: &client,
+            addr,
+        };
+        let _ = tx.send(probe.fetch_goal_state(probe_dl));
     });
-    match gs {
-        Ok(g) => log::info!(
+    let m = imds::fetch(ws.client, &opts.imds, dl);
+    match rx.try_recv() {
+        Ok(Ok(g)) => log::info!(
             "wireserver {}: goal state incarnation {}",
             ws.addr,
             g.incarnation
         ),
-        Err(e) => log::warn!("wireserver {}: first goal state fetch: {e}", ws.addr),
+        Ok(Err(e)) => log::warn!("wireserver {}: first goal state fetch: {e}", ws.addr),
+        Err(_) => log::debug!(
+            "wireserver {}: first goal state fetch still running; not waited for",
+            ws.addr
+        ),
     }
     m.map_err(|e| imds_failure(&e))
 }
