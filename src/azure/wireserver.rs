@@ -31,6 +31,9 @@ pub enum GoalStateError {
     Root(String),
     /// A field health reports need is missing or empty.
     Missing(&'static str),
+    /// `<Incarnation>` is not a decimal number (the length of what it holds, never its text:
+    /// the health report would echo it).
+    BadIncarnation(usize),
 }
 
 impl std::fmt::Display for GoalStateError {
@@ -39,6 +42,10 @@ impl std::fmt::Display for GoalStateError {
             GoalStateError::NotXml(e) => write!(f, "goal state is not XML: {e}"),
             GoalStateError::Root(r) => write!(f, "expected <GoalState>, got <{r}>"),
             GoalStateError::Missing(name) => write!(f, "goal state has no {name}"),
+            GoalStateError::BadIncarnation(len) => write!(
+                f,
+                "goal state Incarnation is not a number ({len} characters)"
+            ),
         }
     }
 }
@@ -61,8 +68,12 @@ pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, GoalStateError> {
         .and_then(|c| c.child("RoleInstanceList"))
         .and_then(|l| l.child("RoleInstance"))
         .and_then(|r| r.child("InstanceId"));
+    let incarnation = field(root.child("Incarnation"), "Incarnation")?;
+    if incarnation.len() > 20 || !incarnation.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(GoalStateError::BadIncarnation(incarnation.len()));
+    }
     Ok(GoalState {
-        incarnation: field(root.child("Incarnation"), "Incarnation")?,
+        incarnation,
         container_id: field(
             container.and_then(|c| c.child("ContainerId")),
             "ContainerId",
@@ -306,6 +317,27 @@ mod tests {
         assert_eq!(e, GoalStateError::Missing("RoleInstance/InstanceId"));
         assert!(parse_goal_state(b"<Versions/>").is_err());
         assert!(parse_goal_state(b"garbage").is_err());
+    }
+
+    #[test]
+    fn an_incarnation_that_is_no_number_is_refused() {
+        // found by fuzz/goal_state: the health report would have carried the text
+        let e = parse_goal_state(fixture!("goalstate", "fuzz-text-incarnation.xml")).unwrap_err();
+        assert_eq!(e, GoalStateError::BadIncarnation(17));
+        let sample = String::from_utf8(fixture!("goalstate", "sample.xml").to_vec()).unwrap();
+        for bad in ["-1", "1 2", "4x", "123456789012345678901"] {
+            let doc = sample.replace(
+                "<Incarnation>42</Incarnation>",
+                &format!("<Incarnation>{bad}</Incarnation>"),
+            );
+            assert!(
+                matches!(
+                    parse_goal_state(doc.as_bytes()),
+                    Err(GoalStateError::BadIncarnation(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 
     /// Reads a health body back with the project's XML reader, as the fabric would.

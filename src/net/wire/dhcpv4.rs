@@ -173,10 +173,12 @@ fn addr_list(data: &[u8]) -> Result<Vec<Ipv4Addr>, WireError> {
         .collect())
 }
 
+/// A name option (host name, domain): trailing NUL padding and blanks dropped; a value with
+/// anything but printable ASCII left (a NUL inside, control bytes, non-ASCII) is no name at all.
 fn text(data: &[u8]) -> Option<String> {
-    let s = String::from_utf8_lossy(data);
-    let s = s.trim_end_matches('\0').trim();
-    (!s.is_empty()).then(|| s.to_string())
+    let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+    let s = std::str::from_utf8(data.get(..end)?).ok()?.trim();
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() || b == b' ')).then(|| s.to_string())
 }
 
 /// Parses RFC 3442 option 121: (prefix length, significant octets of the destination, gateway)

@@ -217,3 +217,16 @@ fn dnsmasq_offer_and_ack() {
         assert_eq!(&yi[..3], &[10, 42, 0]);
     }
 }
+
+#[test]
+fn a_name_option_with_nul_or_control_bytes_is_no_name() {
+    // found by fuzz/dhcp: option 15 held NULs and control bytes inside the name
+    let m = DhcpMessage::parse(&fixture("fuzz-nul-domain.hex")).unwrap();
+    assert_eq!(m.domain, None);
+    assert_eq!(m.message_type, Some(MessageType::Ack));
+    // NUL padding at the end is fine, and so is the name before it
+    assert_eq!(text(b"cloudapp.net\0\0").as_deref(), Some("cloudapp.net"));
+    for bad in [&b"a\0b"[..], b"\x16evil", b"caf\xc3\xa9", b"\0\0"] {
+        assert_eq!(text(bad), None, "{bad:?}");
+    }
+}
