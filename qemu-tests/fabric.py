@@ -92,6 +92,7 @@ class Fabric:
         self.counts = {}
         self.incarnation = args.incarnation
         self.bump_after = args.bump_after_goalstate
+        self.bump_always = args.bump_always
         self.container = args.container_id
         self.instance = args.instance_id
 
@@ -202,7 +203,7 @@ def make_handler(fabric, server_name):
                 with fabric.lock:
                     served = fabric.counts.get("goalstate", 0) + 1
                     inc = fabric.incarnation
-                    if fabric.bump_after and served == fabric.bump_after:
+                    if fabric.bump_after and (served == fabric.bump_after or fabric.bump_always):
                         fabric.incarnation += 1
                 entry["incarnation"] = inc
                 xml = GOAL_STATE.format(inc=inc, container=fabric.container, instance=fabric.instance)
@@ -246,6 +247,7 @@ def main():
     p.add_argument("--playbook")
     p.add_argument("--incarnation", type=int, default=1)
     p.add_argument("--bump-after-goalstate", type=int, default=0)
+    p.add_argument("--bump-always", action="store_true", help="with --bump-after-goalstate 1: a new incarnation after every goal state")
     p.add_argument("--container-id", default="a511aa6d-29e7-4f53-8788-55655dfe848f")
     p.add_argument("--instance-id", default="f6cd1d7ef1644557b9059345e5ba890c.azprov-test")
     args = p.parse_args()

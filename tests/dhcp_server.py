@@ -12,6 +12,7 @@ p.add_argument("--offer-ip", required=True)
 p.add_argument("--router", required=True)
 p.add_argument("--delay", type=float, default=0.0)
 p.add_argument("--nak-first", action="store_true")
+p.add_argument("--nak-always", action="store_true")
 p.add_argument("--log", required=True)
 a = p.parse_args()
 
@@ -67,7 +68,7 @@ while True:
         if sid is not None and socket.inet_ntoa(sid) != a.server_ip:
             continue  # a REQUEST for another server's offer
         requests += 1
-        answer = 6 if a.nak_first and requests == 1 else 5
+        answer = 6 if a.nak_always or (a.nak_first and requests == 1) else 5
     else:
         continue
     time.sleep(a.delay)

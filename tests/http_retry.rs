@@ -141,7 +141,13 @@ fn imds_gives_up_at_the_deadline() {
         } => {
             assert!(attempts >= 2, "{attempts}");
             assert_eq!(last.status(), Some(503));
-            assert_eq!(attempts as usize, s.requests().len());
+            // an attempt the deadline cut short is not counted, and may or may not have
+            // reached the server
+            let seen = s.requests().len();
+            assert!(
+                seen == attempts as usize || seen == attempts as usize + 1,
+                "{seen} {attempts}"
+            );
         }
         other => panic!("{other:?}"),
     }

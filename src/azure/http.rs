@@ -152,6 +152,7 @@ impl Client {
     ) -> Result<T, HttpError> {
         let mut attempt: u32 = 0;
         let mut unparsable: u32 = 0;
+        let mut previous: Option<HttpError> = None;
         loop {
             attempt += 1;
             let err = match self.send_once(req, deadline) {
@@ -175,12 +176,26 @@ impl Client {
             let wait = self.backoff.delay(attempt - 1, jitter());
             log::debug!("{err}; retrying in {} ms", wait.as_millis());
             if deadline.remaining() <= wait || !deadline.sleep(wait) {
+                // an attempt the deadline cut short says less than the answer before it (a
+                // 503 rather than "timed out"), and the reason Azure gets comes from `last`
+                let cut = matches!(
+                    err,
+                    HttpError::Transport {
+                        kind: TransportKind::Timeout,
+                        ..
+                    }
+                ) && deadline.expired();
+                let (attempts, last) = match previous {
+                    Some(p) if cut => (attempt - 1, p),
+                    _ => (attempt, err),
+                };
                 return Err(HttpError::Deadline {
                     url: req.url.to_string(),
-                    attempts: attempt,
-                    last: Box::new(err),
+                    attempts,
+                    last: Box::new(last),
                 });
             }
+            previous = Some(err);
         }
     }
 

@@ -234,11 +234,12 @@ impl Sysroot {
             let home = format!("/home/{name}");
             let shell = self.login_shell();
             passwd.push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
+            // each file on its own: a run interrupted between the rewrites left some of them
             if group.find(name).is_none() {
                 group.push(format!("{name}:x:{gid}:"));
-                if gshadow_present {
-                    gshadow.push(format!("{name}:!::"));
-                }
+            }
+            if gshadow_present && gshadow.find(name).is_none() {
+                gshadow.push(format!("{name}:!::"));
             }
             Account {
                 uid,

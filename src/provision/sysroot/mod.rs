@@ -91,11 +91,36 @@ pub(super) fn io_err<'a>(
 /// The mounted real root, and every write azprov makes into it.
 pub struct Sysroot {
     root: PathBuf,
+    /// Tests: the number of writes that succeed before one fails with ENOSPC.
+    #[cfg(test)]
+    pub(crate) writes_left: std::sync::atomic::AtomicUsize,
 }
 
 impl Sysroot {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Sysroot { root: root.into() }
+        Sysroot {
+            root: root.into(),
+            #[cfg(test)]
+            writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// Tests: fails this write with ENOSPC once `writes_left` successful writes are used up.
+    #[cfg(test)]
+    fn injected_fault(&self, path: &str) -> Result<(), WriteError> {
+        use std::sync::atomic::Ordering;
+        let left = self.writes_left.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(WriteError::Io {
+                op: "write",
+                path: path.to_string(),
+                source: io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        if left != usize::MAX {
+            self.writes_left.store(left - 1, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
@@ -231,6 +256,8 @@ impl Sysroot {
         mode: u32,
         owner: (u32, u32),
     ) -> Result<(), WriteError> {
+        #[cfg(test)]
+        self.injected_fault(path)?;
         let p = self.resolve(path)?;
         write_atomic(&p, data, mode, owner)
     }
@@ -245,6 +272,8 @@ impl Sysroot {
         data: &[u8],
         default_mode: u32,
     ) -> Result<(), WriteError> {
+        #[cfg(test)]
+        self.injected_fault(path)?;
         let p = self.resolve_full(path)?;
         let (mode, owner) = match fs::symlink_metadata(&p) {
             Ok(md) => (md.mode() & 0o7777, (md.uid(), md.gid())),

@@ -505,3 +505,38 @@ fn a_symlinked_passwd_is_read_and_edited_inside_the_root() {
     assert_eq!(mode(&real), 0o644);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn an_interrupted_account_rewrite_is_completed_consistently_by_the_next_run() {
+    use std::sync::atomic::Ordering;
+    // group, gshadow, shadow, passwd: fail each in turn, then run again without the fault
+    for n in 0..4 {
+        let (dir, root) = seeded(&format!("interrupt{n}"));
+        let user = Username::parse("azureuser").unwrap();
+        root.writes_left.store(n, Ordering::SeqCst);
+        let e = root.ensure_user(&user, None).unwrap_err();
+        assert!(e.to_string().contains("No space left"), "{n}: {e}");
+        root.writes_left.store(usize::MAX, Ordering::SeqCst);
+        let a = root.ensure_user(&user, None).unwrap();
+        for (file, want) in [
+            (
+                "etc/passwd",
+                format!("azureuser:x:{}:{}::/home/azureuser:", a.uid, a.gid),
+            ),
+            ("etc/group", format!("azureuser:x:{}:", a.gid)),
+            ("etc/shadow", "azureuser:!:".to_string()),
+            ("etc/gshadow", "azureuser:!::".to_string()),
+        ] {
+            let t = text(&dir.join(file));
+            let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("azureuser:")).collect();
+            assert_eq!(lines.len(), 1, "{n} {file}: {t}");
+            assert!(lines[0].starts_with(&want), "{n} {file}: {}", lines[0]);
+        }
+        assert!(dir.join("home/azureuser").is_dir(), "{n}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
