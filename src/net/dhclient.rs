@@ -135,6 +135,9 @@ pub fn acquire(
                 if client.naks > 0 {
                     log::info!("dhcp: bound after {} NAK(s)", client.naks);
                 }
+                // closing an AF_PACKET socket waits for an RCU grace period (4–20 ms): off the
+                // path to Ready
+                std::thread::spawn(move || drop(sock));
                 return Ok((nic, up, lease));
             }
             Action::TimedOut => return Err(no_lease(&nic)),

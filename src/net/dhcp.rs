@@ -6,7 +6,11 @@ use super::wire::dhcpv4::{DhcpMessage, MessageType, Route, PARAMETER_REQUEST_LIS
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-/// RFC 2131 §4.1: the first retransmission after 4 s, doubling up to 64 s, each ±1 s.
+/// The first DISCOVER is sent again after a random 0.5–1 s: a link whose queue is not ready
+/// right after coming up can drop it (about 1 % of boots), and then waiting RFC 2131's 4 s is
+/// most of the time to Ready. From the second retransmission on, RFC 2131 §4.1: 4 s, doubling
+/// up to 64 s, each ±1 s.
+const QUICK_RETRY_MS: (u64, u64) = (500, 1000);
 const FIRST_RETRANSMIT: Duration = Duration::from_secs(4);
 const MAX_RETRANSMIT: Duration = Duration::from_secs(64);
 /// REQUESTs sent for one offer before going back to INIT (§4.4.1: "reverts to INIT state").
@@ -110,10 +114,15 @@ impl Machine {
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    /// The wait after send number `sent` (1-based): 4, 8, 16, 32, 64, 64… s, ±1 s.
+    /// The wait after send number `sent` (1-based): 0.5–1 s, then 4, 8, 16, 32, 64, 64… s,
+    /// ±1 s.
     fn retransmit_delay(&mut self, sent: u32) -> Duration {
+        if sent <= 1 {
+            let (lo, hi) = QUICK_RETRY_MS;
+            return Duration::from_millis(lo + self.next_random() % (hi - lo + 1));
+        }
         let base = FIRST_RETRANSMIT
-            .saturating_mul(1u32 << sent.saturating_sub(1).min(5))
+            .saturating_mul(1u32 << sent.saturating_sub(2).min(4))
             .min(MAX_RETRANSMIT);
         let jitter_ms = (self.next_random() % 2001) as i64 - 1000;
         let ms = base.as_millis() as i64 + jitter_ms;
