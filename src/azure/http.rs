@@ -120,17 +120,54 @@ impl Default for Client {
     }
 }
 
+/// Resolves an IP literal (every Azure endpoint is one: 168.63.129.16, 169.254.169.254) on the
+/// spot; anything else goes to ureq's resolver. ureq's own starts a thread per request to bound
+/// a lookup when a timeout is set, which an address needs none of (15.5 -> 10.9 ms to Ready in
+/// a trial).
+#[derive(Debug, Default)]
+struct LiteralResolver(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for LiteralResolver {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let literal = uri.authority().and_then(|a| {
+            let ip: std::net::IpAddr = a.host().trim_matches(['[', ']']).parse().ok()?;
+            let port = a.port_u16().unwrap_or(match uri.scheme_str() {
+                Some("https") => 443,
+                _ => 80,
+            });
+            Some(std::net::SocketAddr::new(ip, port))
+        });
+        match literal {
+            Some(addr) => {
+                let mut out = self.empty();
+                out.push(addr);
+                Ok(out)
+            }
+            None => self.0.resolve(uri, config, timeout),
+        }
+    }
+}
+
 impl Client {
     pub fn new() -> Self {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let config = ureq::Agent::config_builder()
             // IMDS and the WireServer must be reached directly; HTTP_PROXY and friends are
             // ignored (docs/DESIGN.md §4).
             .proxy(None)
             .http_status_as_error(false)
             .max_redirects(0)
             .user_agent(format!("azprov/{}", crate::VERSION))
-            .build()
-            .into();
+            .build();
+        let agent = ureq::Agent::with_parts(
+            config,
+            ureq::unversioned::transport::DefaultConnector::default(),
+            LiteralResolver::default(),
+        );
         Client {
             agent,
             attempt_timeout: Duration::from_secs(10),
