@@ -147,7 +147,7 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
         };
         let key = match kind {
             KeyType::Rsa => {
-                let pair = RsaKeypair::random(&mut Crng, RSA_BITS).map_err(err)?;
+                let pair = race_rsa().map_err(err)?;
                 PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
             }
             KeyType::Ecdsa => PrivateKey::random(
@@ -168,6 +168,27 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
         entropy_wait,
         seeded,
     })
+}
+
+/// RSA key generation is a prime search whose time varies several-fold from run to run (0.8 to
+/// 2.6 s natively, 3 to 32 s under emulation): with more than one CPU, a few searches race and
+/// the first key found is taken. The others are abandoned; they end with the process (exec of
+/// the real init, or the hook's exit).
+fn race_rsa() -> Result<RsaKeypair, ssh_key::Error> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let racers = cpus.clamp(1, 4);
+    if racers == 1 {
+        return RsaKeypair::random(&mut Crng, RSA_BITS);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..racers {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(RsaKeypair::random(&mut Crng, RSA_BITS));
+        });
+    }
+    drop(tx);
+    rx.recv().unwrap_or(Err(ssh_key::Error::Crypto))
 }
 
 /// Writes the keys over the image's (`/etc/ssh/ssh_host_<type>_key`, 0600 root, and `.pub`,
