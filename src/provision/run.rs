@@ -339,17 +339,10 @@ pub fn provision(opts: &Options) -> Summary {
     let t = Instant::now();
     let network = network(opts, ovf_hostname.as_deref(), deadline);
     s.timings_ms.dhcp = ms(t.elapsed());
-    let lease_ws = match &network {
-        Ok(Some(applied)) => applied.lease().wireserver,
-        _ => None,
-    };
-    let ws_addr = opts
-        .wireserver
-        .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)));
     let client = Client::new();
     let ws = WireServer {
         client: &client,
-        addr: ws_addr,
+        addr: wireserver_addr(opts, &network),
     };
 
     let data = match &network {
@@ -462,6 +455,16 @@ impl Summary {
         self.custom_data = d.custom_data.is_some();
         self.user_data = d.user_data.is_some();
     }
+}
+
+/// `--wireserver`, else the lease's option 245, else 168.63.129.16; port 80.
+fn wireserver_addr(opts: &Options, network: &Result<Option<Applied>, Failure>) -> SocketAddr {
+    let lease_ws = match network {
+        Ok(Some(applied)) => applied.lease().wireserver,
+        _ => None,
+    };
+    opts.wireserver
+        .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
 }
 
 /// DHCP on the chosen NIC, sending the OVF HostName as option 12 (Azure DNS registers the name
@@ -663,16 +666,10 @@ fn resend_ready(opts: &Options, root: &Sysroot, mut state: State, s: &mut Summar
     let t = Instant::now();
     let network = network(opts, state.hostname.as_deref(), deadline);
     s.timings_ms.dhcp = ms(t.elapsed());
-    let lease_ws = match &network {
-        Ok(Some(applied)) => applied.lease().wireserver,
-        _ => None,
-    };
     let client = Client::new();
     let ws = WireServer {
         client: &client,
-        addr: opts.wireserver.unwrap_or_else(|| {
-            SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80))
-        }),
+        addr: wireserver_addr(opts, &network),
     };
     let t = Instant::now();
     let dl = if network.is_err() {
