@@ -186,9 +186,14 @@ pub fn already_provisioned(root: &Sysroot, dmi: &Path, sys: &Path) -> Option<Str
     }
 }
 
-/// Hook mode: the root as the framework mounted it, made writable when it is read-only. A
-/// failure is logged; the writes then fail and are reported with their reason.
-fn writable(root: &Path) -> Option<crate::sys::mount::Writable> {
+/// Hook mode (`opts.remount`): the root as the framework mounted it, made writable when it
+/// is read-only, until the guard drops. A failure is logged; the writes then fail and are
+/// reported with their reason.
+fn writable(opts: &Options) -> Option<crate::sys::mount::Writable> {
+    if !opts.remount {
+        return None;
+    }
+    let root = &opts.root;
     match crate::sys::mount::make_writable(root) {
         Ok(Some(w)) => {
             log::info!("{}: remounted read-write for provisioning", root.display());
@@ -288,14 +293,7 @@ pub fn provision(opts: &Options) -> Summary {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
-            if let Some(st) = State::load(&root)
-                .filter(|st| st.report == Some(Acked::Pending) && st.provisioned_at.is_some())
-            {
-                resend_ready(opts, &root, st, &mut s);
-            }
-            if opts.host_keys {
-                finish_host_keys(opts, &root, &mut s);
-            }
+            finish_provisioned(opts, &root, &mut s);
             s.timings_ms.total = ms(t0.elapsed());
             return s;
         }
@@ -304,11 +302,7 @@ pub fn provision(opts: &Options) -> Summary {
     let earlier = State::load(&root);
     let earlier = earlier.as_ref();
     // Read-only again when this run ends, whichever way.
-    let _writable = if opts.remount {
-        writable(&opts.root)
-    } else {
-        None
-    };
+    let _writable = writable(opts);
     // New host keys for the new VM, made beside the network stages (RSA takes seconds).
     let keygen = opts.host_keys.then(|| {
         let sys = opts.sys.clone();
@@ -371,10 +365,7 @@ pub fn provision(opts: &Options) -> Summary {
         s.describe(&data);
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
         let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            super::write::write_all(&root, &data, &vm_id)
-        }))
-        .unwrap_or_else(|_| Err(Failure::new(Reason::Internal, "panic while writing")))
+        guarded("writing", || super::write::write_all(&root, &data, &vm_id))
     });
     let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
     s.timings_ms.write = ms(t.elapsed());
@@ -391,11 +382,7 @@ pub fn provision(opts: &Options) -> Summary {
     }
 
     let t = Instant::now();
-    let report_deadline = if network.is_err() {
-        deadline.min(REPORT_WITHOUT_LEASE)
-    } else {
-        deadline
-    };
+    let report_deadline = report_deadline(&network, deadline);
     let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
     let acked = report(&ws, &outcome, &mut s, report_deadline);
     let reported_at = acked.then(crate::time::now_rfc3339);
@@ -652,19 +639,58 @@ fn install_host_keys(
     }
 }
 
+/// The WireServer report's deadline: without a lease the WireServer is most likely
+/// unreachable, so the report gets [`REPORT_WITHOUT_LEASE`] at most.
+fn report_deadline(network: &Result<Option<Applied>, Failure>, deadline: Deadline) -> Deadline {
+    if network.is_err() {
+        deadline.min(REPORT_WITHOUT_LEASE)
+    } else {
+        deadline
+    }
+}
+
+/// A provisioned boot does nothing unless the first boot left work undone: a Ready the
+/// WireServer never acknowledged (sent again), or no host keys made for this VM id yet (made,
+/// without network). The state is read once and written once, if it changed.
+fn finish_provisioned(opts: &Options, root: &Sysroot, s: &mut Summary) {
+    let mut state = State::load(root).unwrap_or_default();
+    let vm_id = root.read_marker();
+    let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
+    let keys =
+        opts.host_keys && !(state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id);
+    if !resend && !keys {
+        return;
+    }
+    let before = state.clone();
+    let _writable = writable(opts);
+    if resend && resend_ready(opts, state.hostname.as_deref(), s) {
+        state.report = Some(Acked::Ready);
+        state.reported_at = Some(crate::time::now_rfc3339());
+    }
+    if keys {
+        log::info!("host keys: none made for this VM yet; making them");
+        s.hostname = state.hostname.clone();
+        install_host_keys(root, hostkeys::generate(&opts.sys), s);
+        if !s.host_keys.is_empty() {
+            state.host_keys = s.host_keys.clone();
+            state.host_keys_vm_id = vm_id;
+        }
+    }
+    if state != before {
+        if let Err(e) = state.save(root) {
+            log::warn!("cannot write the state: {e}");
+        }
+    }
+}
+
 /// On a provisioned boot whose Ready was never acknowledged (the WireServer was down for the
 /// whole first boot): DHCP and the report again, nothing else, so Azure sees Ready now rather
-/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing.
-fn resend_ready(opts: &Options, root: &Sysroot, mut state: State, s: &mut Summary) {
+/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing. True when it was.
+fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool {
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
-    let _writable = if opts.remount {
-        writable(&opts.root)
-    } else {
-        None
-    };
     let t = Instant::now();
-    let network = network(opts, state.hostname.as_deref(), deadline);
+    let network = network(opts, hostname, deadline);
     s.timings_ms.dhcp = ms(t.elapsed());
     let client = Client::new();
     let ws = WireServer {
@@ -672,18 +698,8 @@ fn resend_ready(opts: &Options, root: &Sysroot, mut state: State, s: &mut Summar
         addr: wireserver_addr(opts, &network),
     };
     let t = Instant::now();
-    let dl = if network.is_err() {
-        deadline.min(REPORT_WITHOUT_LEASE)
-    } else {
-        deadline
-    };
-    if report(&ws, &Ok(()), s, dl) {
-        state.report = Some(Acked::Ready);
-        state.reported_at = Some(crate::time::now_rfc3339());
-        if let Err(e) = state.save(root) {
-            log::warn!("cannot write the state: {e}");
-        }
-    } else {
+    let acked = report(&ws, &Ok(()), s, report_deadline(&network, deadline));
+    if !acked {
         s.report = Report::Failure;
     }
     s.timings_ms.report = ms(t.elapsed());
@@ -692,29 +708,5 @@ fn resend_ready(opts: &Options, root: &Sysroot, mut state: State, s: &mut Summar
             log::warn!("teardown: {e}");
         }
     }
-}
-
-/// On a provisioned boot: makes the host keys if this VM id has none yet (an interrupted
-/// first boot, or a root provisioned before azprov made host keys). No network.
-fn finish_host_keys(opts: &Options, root: &Sysroot, s: &mut Summary) {
-    let mut state = State::load(root).unwrap_or_default();
-    let vm_id = root.read_marker();
-    if state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id {
-        return;
-    }
-    log::info!("host keys: none made for this VM yet; making them");
-    let _writable = if opts.remount {
-        writable(&opts.root)
-    } else {
-        None
-    };
-    s.hostname = state.hostname.clone();
-    install_host_keys(root, hostkeys::generate(&opts.sys), s);
-    if !s.host_keys.is_empty() {
-        state.host_keys = s.host_keys.clone();
-        state.host_keys_vm_id = vm_id;
-        if let Err(e) = state.save(root) {
-            log::warn!("cannot write the state: {e}");
-        }
-    }
+    acked
 }
