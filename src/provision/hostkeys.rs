@@ -72,6 +72,16 @@ impl std::fmt::Display for HostKeyError {
 
 impl std::error::Error for HostKeyError {}
 
+impl HostKeyError {
+    /// ssh-key's error while making or encoding the `key` key.
+    fn key(key: KeyType) -> impl Fn(ssh_key::Error) -> HostKeyError + Copy {
+        move |e| HostKeyError::Generate {
+            key,
+            detail: e.to_string(),
+        }
+    }
+}
+
 /// The kernel's CRNG through a blocking getrandom(2), as the RNG the key generators draw from.
 struct Crng;
 
@@ -141,10 +151,7 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
     let mut took = Vec::new();
     for kind in KeyType::ALL {
         let t = Instant::now();
-        let err = |e: ssh_key::Error| HostKeyError::Generate {
-            key: kind,
-            detail: e.to_string(),
-        };
+        let err = HostKeyError::key(kind);
         let key = match kind {
             KeyType::Rsa => {
                 let pair = race_rsa().map_err(err)?;
@@ -212,17 +219,11 @@ pub fn install(
         key.set_comment(&comment);
         let private = key
             .to_openssh(LineEnding::LF)
-            .map_err(|e| HostKeyError::Generate {
-                key: *kind,
-                detail: e.to_string(),
-            })?;
+            .map_err(HostKeyError::key(*kind))?;
         let public = key
             .public_key()
             .to_openssh()
-            .map_err(|e| HostKeyError::Generate {
-                key: *kind,
-                detail: e.to_string(),
-            })?;
+            .map_err(HostKeyError::key(*kind))?;
         let path = format!("{SSH_DIR}/ssh_host_{}_key", kind.name());
         root.write(&path, private.as_bytes(), 0o600, (0, 0))
             .map_err(HostKeyError::Write)?;
