@@ -107,7 +107,7 @@ fn clean_user(
         )),
         Some((user, true)) => {
             let home = if dry_run {
-                home_of(root, user)?
+                root.user_home(user)?
             } else {
                 root.remove_user(user)?
             };
@@ -132,14 +132,6 @@ fn clean_user(
     }
     remove(root, SUDOERS, dry_run, c)?;
     remove(root, SSHD_DROP_IN, dry_run, c)
-}
-
-fn home_of(root: &Sysroot, user: &str) -> Result<Option<String>, WriteError> {
-    let passwd = root.read("/etc/passwd")?.unwrap_or_default();
-    Ok(String::from_utf8_lossy(&passwd).lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.first() == Some(&user)).then(|| f.get(5).unwrap_or(&"").to_string())
-    }))
 }
 
 /// The names in a directory of the root; none when it does not exist.

@@ -276,6 +276,14 @@ impl Sysroot {
         Ok(account)
     }
 
+    /// The home directory /etc/passwd names for `name`, or None when there is no such user.
+    pub fn user_home(&self, name: &str) -> Result<Option<String>, WriteError> {
+        let passwd = Table::parse(self.read("/etc/passwd")?);
+        Ok(passwd
+            .find(name)
+            .map(|i| passwd.field(i, 5).unwrap_or("").to_string()))
+    }
+
     /// Removes `name` from passwd and shadow, its own group (named like it, its primary gid)
     /// from group and gshadow, and its name from other groups' member lists; the other lines
     /// stay as they were. Returns the home directory passwd named, or None when no such user.
