@@ -136,7 +136,10 @@ const EARLY_MOUNTS: [EarlyMount; 4] = [
 pub fn main() -> ! {
     let t0 = Instant::now();
     let devkmsg = early_mounts();
-    let cfg = load_config();
+    let cfg = config::read(
+        Some(Path::new(CMDLINE_DEFAULTS)),
+        Path::new("/proc/cmdline"),
+    );
     crate::logger::init(cfg.log_level);
     crate::logger::Capture::install();
     log::info!("azprov {} as PID 1", crate::VERSION);
@@ -216,16 +219,6 @@ fn early_mounts() -> String {
         }
     }
     devkmsg
-}
-
-fn load_config() -> Config {
-    let defaults = fs::read_to_string(CMDLINE_DEFAULTS).ok();
-    let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    let (cfg, errors) = config::load(defaults.as_deref(), &cmdline);
-    for e in errors {
-        log::error!("kernel command line: {e} (ignored)");
-    }
-    cfg
 }
 
 /// Loads the modules listed in the initramfs and `azprov.modules=`; root filesystem modules

@@ -286,6 +286,19 @@ fn flag(key: &str, value: Option<&str>) -> Result<bool, ConfigError> {
     }
 }
 
+/// Reads the defaults file (PID 1's `/etc/azprov/cmdline`, when given and present) and the
+/// kernel command line at `cmdline` (normally /proc/cmdline; missing: the defaults alone), and
+/// logs each refused word. PID 1 and hook mode read their settings the same way.
+pub fn read(defaults: Option<&std::path::Path>, cmdline: &std::path::Path) -> Config {
+    let defaults = defaults.and_then(|p| std::fs::read_to_string(p).ok());
+    let line = std::fs::read_to_string(cmdline).unwrap_or_default();
+    let (cfg, errors) = load(defaults.as_deref(), &line);
+    for e in errors {
+        log::error!("kernel command line: {e} (ignored)");
+    }
+    cfg
+}
+
 /// The defaults file, then the kernel's command line; with the words that were refused.
 pub fn load(defaults: Option<&str>, cmdline: &str) -> (Config, Vec<ConfigError>) {
     let mut c = Config::default();

@@ -77,17 +77,10 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
 
 const CMDLINE: &str = "/proc/cmdline";
 
-/// The `azprov.*` settings of the kernel command line at `path` (missing: the defaults); a
-/// malformed word is a warning and skipped, as in PID 1 mode. Sets the log level.
+/// The `azprov.*` settings of the kernel command line at `path`, read as PID 1 reads them;
+/// sets the log level.
 fn kernel_config(path: &str) -> crate::config::Config {
-    let line = std::fs::read_to_string(path).unwrap_or_else(|e| {
-        log::debug!("{path}: {e}; using the defaults");
-        String::new()
-    });
-    let (cfg, errors) = crate::config::load(None, &line);
+    let cfg = crate::config::read(None, Path::new(path));
     crate::logger::init(cfg.log_level);
-    for e in errors {
-        log::warn!("kernel command line: {e}; ignored");
-    }
     cfg
 }
