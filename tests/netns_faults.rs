@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const OVF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ovf/wala.xml");
-const TAG: &str = "7783-7084-3265-9085-8269-3286-77";
 /// What must never show: the OVF password, its custom data (decoded and encoded), IMDS user
 /// data (decoded and encoded).
 const SECRETS: [&str; 8] = [
@@ -120,11 +119,8 @@ fn run(c: Case) {
     }
     net.fabric(&doc(), &c.playbook, c.fabric_args);
     let root = net.seed_root();
-    let dmi = net.path("dmi");
-    fs::create_dir_all(&dmi).unwrap();
-    fs::write(dmi.join("chassis_asset_tag"), format!("{TAG}\n")).unwrap();
-    let cmdline = net.path("cmdline");
-    fs::write(&cmdline, "ro\n").unwrap();
+    let dmi = net.azure_dmi();
+    let cmdline = net.cmdline("ro");
     let timeout = c.timeout.to_string();
     let mut args = vec![
         "provision",
@@ -137,9 +133,9 @@ fn run(c: Case) {
         "--timeout",
         &timeout,
         "--dmi",
-        dmi.to_str().unwrap(),
+        &dmi,
         "--cmdline",
-        cmdline.to_str().unwrap(),
+        &cmdline,
     ];
     let ovf = match c.ovf_edit {
         Some((from, to)) => {

@@ -44,31 +44,13 @@ fn setup(doc: Value, playbook: Value, fabric_args: &[&str]) -> (Net, std::path::
     (net, root)
 }
 
-const AZURE_ASSET_TAG: &str = "7783-7084-3265-9085-8269-3286-77";
-
-/// The VM's DMI directory: Azure's chassis asset tag and no product_uuid, so the VM id comes
-/// from IMDS and the tests do not depend on the host's own DMI tables.
-fn dmi(net: &Net) -> String {
-    let d = net.path("dmi");
-    fs::create_dir_all(&d).unwrap();
-    fs::write(d.join("chassis_asset_tag"), format!("{AZURE_ASSET_TAG}\n")).unwrap();
-    d.display().to_string()
-}
-
-/// The VM's kernel command line (`--cmdline`), so the host's own does not count.
-fn cmdline(net: &Net, line: &str) -> String {
-    let f = net.path("cmdline");
-    fs::write(&f, format!("{line}\n")).unwrap();
-    f.display().to_string()
-}
-
 fn provision(net: &Net, root: &Path, extra: &[&str]) -> (Output, Value) {
     let r = root.to_str().unwrap();
-    let dmi = dmi(net);
+    let dmi = net.azure_dmi();
     let cmdline = if extra.contains(&"--cmdline") {
         String::new()
     } else {
-        cmdline(net, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro")
+        net.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro")
     };
     let mut args = vec!["provision", "--root", r, "--json", "--dmi", &dmi];
     if !cmdline.is_empty() {
@@ -468,8 +450,8 @@ fn on_own_tmpfs(net: &Net, root: &Path, opts: &str, before: &str, after: &str) -
         "cp -a {r} {r}.seed && mount -t tmpfs -o {opts} azroot {r} && cp -a {r}.seed/. {r}/ && \
          {before} && {} provision --root {r} --iface vm0 --json --timeout 20 --dmi {} --cmdline {}; {after}",
         common::bin(),
-        dmi(net),
-        cmdline(net, "ro")
+        net.azure_dmi(),
+        net.cmdline("ro")
     );
     net.in_vm(&[
         "unshare",
@@ -556,7 +538,7 @@ fn hook_mode_follows_the_kernel_command_line() {
     require_privileges();
     let (net, root) = setup(doc("vm-cmdline", "azureuser"), json!([]), &[]);
     for off in ["azprov=0", "rd.azprov=0", "azprov.disable"] {
-        let line = cmdline(&net, &format!("root=/dev/sda1 ro {off}"));
+        let line = net.cmdline(&format!("root=/dev/sda1 ro {off}"));
         let (o, v) = provision(&net, &root, &["--cmdline", &line, "--iface", "vm0"]);
         assert!(o.status.success(), "{off}: {}", stderr(&o));
         assert_eq!(v["report"], "disabled", "{off}");
@@ -564,10 +546,7 @@ fn hook_mode_follows_the_kernel_command_line() {
     assert!(net.fabric_log().is_empty());
     assert_eq!(text(root.join("etc/hostname")), "debian-image\n");
     // the interface and the timeout from the command line alone
-    let line = cmdline(
-        &net,
-        "ro azprov.iface=vm0 azprov.timeout=20 azprov.log=debug",
-    );
+    let line = net.cmdline("ro azprov.iface=vm0 azprov.timeout=20 azprov.log=debug");
     let (o, v) = provision(&net, &root, &["--cmdline", &line]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(v["report"], "ready");
@@ -586,7 +565,7 @@ fn off_azure_nothing_is_sent_unless_forced() {
     let plain = net.path("plain-dmi");
     fs::create_dir_all(&plain).unwrap();
     fs::write(plain.join("chassis_asset_tag"), "Default string\n").unwrap();
-    let line = cmdline(&net, "root=/dev/sda1 ro");
+    let line = net.cmdline("root=/dev/sda1 ro");
     let args = |extra: &'static [&'static str]| {
         let mut a = vec![
             "provision",

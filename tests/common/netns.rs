@@ -70,6 +70,9 @@ pub struct Net {
     children: Vec<Child>,
 }
 
+/// What Azure puts into the DMI chassis asset tag; without it azprov does nothing.
+pub const AZURE_ASSET_TAG: &str = "7783-7084-3265-9085-8269-3286-77";
+
 impl Net {
     pub fn new() -> Net {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
@@ -137,6 +140,22 @@ impl Net {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// The VM's DMI directory for `--dmi`: Azure's chassis asset tag and no product_uuid, so
+    /// the VM id comes from IMDS and the tests do not depend on the host's own DMI tables.
+    pub fn azure_dmi(&self) -> String {
+        let d = self.path("dmi");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("chassis_asset_tag"), format!("{AZURE_ASSET_TAG}\n")).unwrap();
+        d.display().to_string()
+    }
+
+    /// The VM's kernel command line for `--cmdline`, so the host's own does not count.
+    pub fn cmdline(&self, line: &str) -> String {
+        let f = self.path("cmdline");
+        std::fs::write(&f, format!("{line}\n")).unwrap();
+        f.display().to_string()
     }
 
     /// dnsmasq on the bridge, serving options 121, 245 and 26 the way Azure does.
