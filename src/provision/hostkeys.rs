@@ -140,8 +140,10 @@ pub fn seed_from_platform(sys: &Path) -> Option<usize> {
     Some(seed.len())
 }
 
-/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first).
+/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first), at
+/// the lowest CPU priority: it runs beside the stages before Ready and must not slow them.
 pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
+    crate::sys::process::background_priority();
     let seeded = seed_from_platform(sys);
     let t = Instant::now();
     let mut probe = [0u8; 1];

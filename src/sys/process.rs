@@ -38,3 +38,14 @@ pub fn power(how: Power) -> Errno {
 pub fn getpid() -> u32 {
     std::process::id()
 }
+
+/// Lowest CPU priority (nice 19) for the calling thread and the threads it starts: on a
+/// one-vCPU VM the RSA search must not take CPU time from the stages before Ready. Linux keeps
+/// the nice value per thread; setpriority with the thread id sets this one's.
+pub fn background_priority() {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    // SAFETY: plain syscall on the calling thread's own id; the result is checked.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) } != 0 {
+        log::debug!("setpriority: {}", Errno::last());
+    }
+}
