@@ -144,10 +144,14 @@ pub fn main() -> ! {
     crate::logger::Capture::install();
     log::info!("azprov {} as PID 1", crate::VERSION);
 
-    let mut loader = load_modules(&cfg);
-    let root = mount_root(&cfg, &mut loader).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    // The modules load on threads of their own while the root is looked for: the root's disk
+    // driver is seldom the last one in.
+    let mut modules = Modules::start(&cfg);
+    let root = mount_root(&cfg, &mut modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Check the handover target before provisioning writes anything into the root.
     let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    // The NIC and CD drivers are in once every module is.
+    let loader = modules.loader();
     provision_root(&cfg);
     process::reap();
     if cfg.read_only {
@@ -157,6 +161,7 @@ pub fn main() -> ! {
         "handing over to {init} after {} ms",
         t0.elapsed().as_millis()
     );
+    loader.restore_scsi_scan();
     let _ = fs::write(DEVKMSG, devkmsg);
     // The kernel hands init's own arguments (words it did not recognise) to us: pass them on.
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -221,32 +226,71 @@ fn early_mounts() -> String {
     devkmsg
 }
 
-/// Loads the modules listed in the initramfs and `azprov.modules=`; root filesystem modules
-/// wait in the returned loader until the root's type is known.
-fn load_modules(cfg: &Config) -> modules::Loader {
-    let t = Instant::now();
-    let mut list = modules::parse_list(&fs::read_to_string(MODULES_LIST).unwrap_or_default());
-    for name in &cfg.modules {
-        match modules::find(Path::new("/lib/modules"), name) {
-            Some(path) => list.push(modules::Module {
-                path,
-                name: name.replace('-', "_"),
-                deps: Vec::new(),
-            }),
-            None => log::warn!("module {name}: not in the initramfs"),
+/// The module load: on its thread until `loader` joins it.
+struct Modules {
+    thread: Option<std::thread::JoinHandle<modules::Loader>>,
+    loader: Option<modules::Loader>,
+    /// The deferred root filesystem modules' names, to know without waiting whether the root's
+    /// type needs one.
+    deferred: Vec<String>,
+}
+
+impl Modules {
+    /// Starts loading the modules listed in the initramfs and `azprov.modules=`; root
+    /// filesystem modules wait in the loader until the root's type is known.
+    fn start(cfg: &Config) -> Modules {
+        let mut list = modules::parse_list(&fs::read_to_string(MODULES_LIST).unwrap_or_default());
+        for name in &cfg.modules {
+            match modules::find(Path::new("/lib/modules"), name) {
+                Some(path) => list.push(modules::Module {
+                    path,
+                    name: name.replace('-', "_"),
+                    deps: Vec::new(),
+                }),
+                None => log::warn!("module {name}: not in the initramfs"),
+            }
+        }
+        let (now, later) = modules::split_deferred(list);
+        let deferred = later.iter().map(|m| m.name.clone()).collect();
+        let params = cfg.module_params.clone();
+        let thread = std::thread::spawn(move || {
+            let t = Instant::now();
+            let mut loader = modules::Loader::new(later, params);
+            loader.load(&now);
+            log::info!(
+                "modules: {} ms: {} loaded, {} skipped {}",
+                t.elapsed().as_millis(),
+                loader.loaded,
+                loader.skipped.len(),
+                loader.skipped.join(" ")
+            );
+            loader
+        });
+        Modules {
+            thread: Some(thread),
+            loader: None,
+            deferred,
         }
     }
-    let (now, later) = modules::split_deferred(list);
-    let mut loader = modules::Loader::new(later);
-    loader.load(&now);
-    log::info!(
-        "modules: {} ms: {} loaded, {} skipped {}",
-        t.elapsed().as_millis(),
-        loader.loaded,
-        loader.skipped.len(),
-        loader.skipped.join(" ")
-    );
-    loader
+
+    /// Whether mounting a root of `fstype` needs a deferred module (and so the loader).
+    fn needed_for(&self, fstype: Option<&str>) -> bool {
+        match fstype {
+            Some(t) => self.deferred.iter().any(|d| d == t),
+            None => !self.deferred.is_empty(),
+        }
+    }
+
+    /// The loader, once every module of the first round is in (joins the thread).
+    fn loader(&mut self) -> &mut modules::Loader {
+        if let Some(thread) = self.thread.take() {
+            self.loader = Some(thread.join().unwrap_or_else(|_| {
+                log::error!("module loading panicked; going on with what loaded");
+                modules::Loader::default()
+            }));
+        }
+        self.loader.get_or_insert_with(modules::Loader::default)
+    }
 }
 
 /// The device for `root=`, once it exists.
@@ -274,7 +318,7 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
-fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<PathBuf, BootError> {
+fn mount_root(cfg: &Config, modules: &mut Modules) -> Result<PathBuf, BootError> {
     let spec = cfg.root.as_ref().ok_or(BootError::NoRootParam)?;
     let t = Instant::now();
     let bound = cfg.rootdelay.unwrap_or(ROOT_WAIT_DEFAULT);
@@ -291,7 +335,10 @@ fn mount_root(cfg: &Config, loader: &mut modules::Loader) -> Result<PathBuf, Boo
         }
     };
     let _ = fs::create_dir_all(SYSROOT);
-    loader.load_for_fs(cfg.rootfstype.as_deref().or(probed));
+    let fstype = cfg.rootfstype.as_deref().or(probed);
+    if modules.needed_for(fstype) {
+        modules.loader().load_for_fs(fstype);
+    }
     let types: Vec<&str> = match (&cfg.rootfstype, probed) {
         (Some(t), _) => vec![t.as_str()],
         (None, Some(p)) => vec![p],

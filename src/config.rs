@@ -118,6 +118,8 @@ pub struct Config {
     pub log_level: log::LevelFilter,
     pub onfail: OnFail,
     pub modules: Vec<String>,
+    /// `MODULE.PARAM=VALUE` words: what PID 1 passes to the modules it loads, as modprobe would.
+    pub module_params: Vec<(String, String)>,
 }
 
 impl Default for Config {
@@ -141,6 +143,7 @@ impl Default for Config {
             log_level: log::LevelFilter::Info,
             onfail: OnFail::Halt,
             modules: Vec::new(),
+            module_params: Vec::new(),
         }
     }
 }
@@ -270,7 +273,9 @@ impl Config {
                     );
                 }
                 k if k.starts_with("azprov.") => return Err(ConfigError::Unknown(k.to_string())),
-                _ => {}
+                _ => self
+                    .module_params
+                    .extend(crate::sys::modules::cmdline_param(word)),
             }
         }
         Ok(())
@@ -370,10 +375,36 @@ mod tests {
             // the bad word is skipped, the rest stands
             assert_eq!(c.timeout, Duration::from_secs(7), "{bad}");
         }
-        // not ours: ignored
+        // not ours: ignored, but for a module's parameter (xazprov's, as modprobe would)
         let (c, errors) = load(None, "rootfoo=1 ro=1 azprovx=1 xazprov.force");
         assert!(errors.is_empty());
-        assert_eq!(c, Config::default());
+        assert_eq!(
+            c,
+            Config {
+                module_params: vec![("xazprov".into(), "force".into())],
+                ..Config::default()
+            }
+        );
+    }
+
+    #[test]
+    fn module_parameters_are_collected_as_modprobe_reads_them() {
+        let (c, errors) = load(
+            Some("scsi-mod.scan=sync"),
+            "hv_storvsc.storvsc_ringbuffer_size=0x40000 \"foo.bar=a b\" console=ttyS0 .x=1 y.=2",
+        );
+        assert!(errors.is_empty());
+        assert_eq!(
+            c.module_params,
+            [
+                ("scsi_mod".to_string(), "scan=sync".to_string()),
+                (
+                    "hv_storvsc".into(),
+                    "storvsc_ringbuffer_size=0x40000".into()
+                ),
+                ("foo".into(), "bar=\"a b\"".into()),
+            ]
+        );
     }
 
     #[test]
