@@ -64,14 +64,55 @@ pub fn cdrom_devices(dev: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The CD-ROM drives, waiting up to `bound` for one to show up when a CD-ROM driver is loaded
-/// (sysfs `module/sr_mod`) but its asynchronous scan has not produced a drive yet.
+/// Hyper-V's VMBus storage controllers (`class_id` in sysfs): IDE (Gen1's disks) and SCSI
+/// (Gen2's disks and DVD drive).
+const VMBUS_STORAGE: [&str; 2] = [
+    "32412632-86cb-44a2-9b5c-50d1417354f5",
+    "ba6163d9-04a1-4d29-b605-72e2ffb1dc7f",
+];
+
+/// Why a CD-ROM drive may still show up under `sys`; None when every controller that could
+/// carry one is done. PCI and virtio controllers are probed inside their module's load, and
+/// with synchronous SCSI scans (PID 1 sets them, `sys::modules::SCSI_SCAN`) their drives exist
+/// once the module is in; Hyper-V's VMBus controllers are probed on their own time, so one
+/// without a driver yet is still coming. With asynchronous scans (hook mode) nothing in sysfs
+/// says a scan is running: a loaded CD-ROM driver is reason enough.
+pub fn still_scanning(sys: &Path) -> Option<String> {
+    if !(sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists()) {
+        return None;
+    }
+    let scan = fs::read_to_string(sys.join("module/scsi_mod/parameters/scan")).ok();
+    if scan.as_deref().map(str::trim) != Some("sync") {
+        return Some("SCSI scans are asynchronous".into());
+    }
+    if !sys.join("module/hv_storvsc").exists() {
+        return None;
+    }
+    crate::sys::sorted_names(&sys.join("bus/vmbus/devices"))
+        .into_iter()
+        .find(|name| {
+            let d = sys.join("bus/vmbus/devices").join(name);
+            let class = fs::read_to_string(d.join("class_id")).unwrap_or_default();
+            let class = class.trim().trim_matches(['{', '}']).to_ascii_lowercase();
+            VMBUS_STORAGE.contains(&class.as_str()) && !d.join("driver").exists()
+        })
+        .map(|name| format!("VMBus storage controller {name} is still being probed"))
+}
+
+/// The CD-ROM drives, waiting up to `bound` for one while [`still_scanning`] says one may
+/// still show up. A boot without a CD (every boot after the first) waits for nothing.
 pub fn wait_for_drives(dev: &Path, sys: &Path, bound: Duration) -> Vec<PathBuf> {
-    let driver = sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists();
-    let deadline = Deadline::after(if driver { bound } else { Duration::ZERO });
+    let deadline = Deadline::after(bound);
     loop {
         let drives = cdrom_devices(dev);
-        if !drives.is_empty() || !deadline.sleep(Duration::from_millis(25)) {
+        if !drives.is_empty() {
+            return drives;
+        }
+        let Some(why) = still_scanning(sys) else {
+            return drives;
+        };
+        if !deadline.sleep(Duration::from_millis(25)) {
+            log::debug!("no CD-ROM drive within {} ms: {why}", bound.as_millis());
             return drives;
         }
     }
@@ -224,24 +265,46 @@ mod tests {
     }
 
     #[test]
-    fn waits_for_drives_only_while_a_cdrom_driver_is_loaded() {
+    fn a_drive_may_still_come_only_while_a_controller_scans() {
         let base = std::env::temp_dir().join(format!("azprov-drives-{}", std::process::id()));
         let (dev, sys) = (base.join("dev"), base.join("sys"));
         fs::create_dir_all(&dev).unwrap();
-        fs::create_dir_all(&sys).unwrap();
-        let t = std::time::Instant::now();
-        assert!(wait_for_drives(&dev, &sys, Duration::from_secs(5)).is_empty());
-        assert!(t.elapsed() < Duration::from_secs(4), "no driver: no wait");
+        fs::create_dir_all(sys.join("module/scsi_mod/parameters")).unwrap();
+        // no CD-ROM driver
+        assert_eq!(still_scanning(&sys), None);
         fs::create_dir_all(sys.join("module/sr_mod")).unwrap();
-        let t = std::time::Instant::now();
-        assert!(wait_for_drives(&dev, &sys, Duration::from_millis(200)).is_empty());
-        assert!(
-            t.elapsed() >= Duration::from_millis(150),
-            "driver loaded: waited"
-        );
+        let scan = sys.join("module/scsi_mod/parameters/scan");
+        // asynchronous SCSI scans (or no scsi_mod): nothing tells when they end
+        assert!(still_scanning(&sys).unwrap().contains("asynchronous"));
+        fs::write(&scan, "async\n").unwrap();
+        assert!(still_scanning(&sys).is_some());
+        // synchronous scans, no Hyper-V storage driver: done once the modules are in
+        fs::write(&scan, "sync\n").unwrap();
+        assert_eq!(still_scanning(&sys), None);
+        // Hyper-V: a SCSI controller without a driver yet is still coming
+        fs::create_dir_all(sys.join("module/hv_storvsc")).unwrap();
+        let ctl = sys.join("bus/vmbus/devices/f8b3781b-1e82-4818-a1c3-63d806ec15bb");
+        fs::create_dir_all(&ctl).unwrap();
+        fs::write(
+            ctl.join("class_id"),
+            "{ba6163d9-04a1-4d29-b605-72e2ffb1dc7f}\n",
+        )
+        .unwrap();
+        let net = sys.join("bus/vmbus/devices/000d3a6e-4548-000d-3a6e-4548000d3a6e");
+        fs::create_dir_all(&net).unwrap();
+        fs::write(
+            net.join("class_id"),
+            "{f8615163-df3e-46c5-913f-f2d2f965ed0e}\n",
+        )
+        .unwrap();
+        assert!(still_scanning(&sys).unwrap().contains("f8b3781b"));
+        fs::create_dir_all(ctl.join("driver")).unwrap();
+        // bound now; the NIC without a driver does not count
+        assert_eq!(still_scanning(&sys), None);
+        assert!(wait_for_drives(&dev, &sys, Duration::from_secs(60)).is_empty());
         fs::write(dev.join("sr0"), b"").unwrap();
         assert_eq!(
-            wait_for_drives(&dev, &sys, Duration::from_secs(5)),
+            wait_for_drives(&dev, &sys, Duration::from_secs(60)),
             [dev.join("sr0")]
         );
         fs::remove_dir_all(&base).unwrap();
