@@ -50,24 +50,32 @@ impl std::fmt::Display for DhcpError {
 
 impl std::error::Error for DhcpError {}
 
-/// Picks the NIC, brings its link up and runs DHCP until bound or the deadline. The link is
-/// restored when the returned guard is dropped.
-pub fn acquire(
+/// A NIC with its link up, carrier seen and the raw socket open: ready for the exchange.
+/// What comes before the first packet, so it can run while the OVF (whose HostName the
+/// exchange sends) is still being read.
+pub struct Prepared {
+    nic: Nic,
+    up: LinkUp,
+    sock: PacketSocket,
+    started: Instant,
+}
+
+/// Picks the NIC, brings its link up (restored when the guard inside is dropped), waits for
+/// carrier and opens the socket. Sends nothing.
+pub fn prepare(
     class_net: &Path,
     iface: Option<&str>,
-    hostname: Option<&str>,
     deadline: Deadline,
-) -> Result<(Nic, LinkUp, Lease), DhcpError> {
+) -> Result<Prepared, DhcpError> {
     let started = Instant::now();
     let nic = link::wait_choose(class_net, iface, deadline).map_err(DhcpError::Link)?;
-    let no_lease = |nic: &Nic| DhcpError::NoLease {
-        iface: nic.name.clone(),
-        waited: started.elapsed(),
-    };
     let up = link::up(&nic).map_err(DhcpError::Link)?;
     if !link::wait_carrier(class_net, &nic.name, deadline) {
         log::warn!("no carrier on {} within the deadline", nic.name);
-        return Err(no_lease(&nic));
+        return Err(DhcpError::NoLease {
+            iface: nic.name.clone(),
+            waited: started.elapsed(),
+        });
     }
     log::debug!(
         "dhcp: carrier on {} after {} ms",
@@ -78,70 +86,107 @@ pub fn acquire(
         iface: nic.name.clone(),
         errno,
     })?;
-    let mut seed = [0u8; 8];
-    crate::sys::random_bytes(&mut seed);
-    let t0 = Instant::now();
-    let params = Params {
-        mac: nic.mac,
-        hostname: hostname.map(str::to_string),
-        deadline: deadline.remaining(),
-    };
-    let mut client = Machine::new(params, u64::from_le_bytes(seed), Duration::ZERO);
-    let mut buf = vec![0u8; 2048];
-    loop {
-        let now = t0.elapsed();
-        match client.poll(now) {
-            Action::Send(m) => {
-                let kind = m.message_type;
-                let payload = m.emit();
-                let packet = UdpIpv4 {
-                    src: Ipv4Addr::UNSPECIFIED,
-                    dst: Ipv4Addr::BROADCAST,
-                    src_port: CLIENT_PORT,
-                    dst_port: SERVER_PORT,
-                    payload: &payload,
+    Ok(Prepared {
+        nic,
+        up,
+        sock,
+        started,
+    })
+}
+
+impl Prepared {
+    /// Runs DHCP, sending `hostname` as option 12, until bound or the deadline.
+    pub fn exchange(
+        self,
+        hostname: Option<&str>,
+        deadline: Deadline,
+    ) -> Result<(Nic, LinkUp, Lease), DhcpError> {
+        let Prepared {
+            nic,
+            up,
+            sock,
+            started,
+        } = self;
+        let no_lease = |nic: &Nic| DhcpError::NoLease {
+            iface: nic.name.clone(),
+            waited: started.elapsed(),
+        };
+        let mut seed = [0u8; 8];
+        crate::sys::random_bytes(&mut seed);
+        let t0 = Instant::now();
+        let params = Params {
+            mac: nic.mac,
+            hostname: hostname.map(str::to_string),
+            deadline: deadline.remaining(),
+        };
+        let mut client = Machine::new(params, u64::from_le_bytes(seed), Duration::ZERO);
+        let mut buf = vec![0u8; 2048];
+        loop {
+            let now = t0.elapsed();
+            match client.poll(now) {
+                Action::Send(m) => {
+                    let kind = m.message_type;
+                    let payload = m.emit();
+                    let packet = UdpIpv4 {
+                        src: Ipv4Addr::UNSPECIFIED,
+                        dst: Ipv4Addr::BROADCAST,
+                        src_port: CLIENT_PORT,
+                        dst_port: SERVER_PORT,
+                        payload: &payload,
+                    }
+                    .emit();
+                    log::debug!("dhcp: sending {kind:?} xid {:#010x} on {}", m.xid, nic.name);
+                    if let Err(e) = sock.send_broadcast(&packet) {
+                        // e.g. ENETDOWN while the link settles: the retransmit timer retries
+                        log::debug!("dhcp: send on {}: {e}", nic.name);
+                    }
                 }
-                .emit();
-                log::debug!("dhcp: sending {kind:?} xid {:#010x} on {}", m.xid, nic.name);
-                if let Err(e) = sock.send_broadcast(&packet) {
-                    // e.g. ENETDOWN while the link settles: the retransmit timer retries
-                    log::debug!("dhcp: send on {}: {e}", nic.name);
-                }
-            }
-            Action::Wait(until) => {
-                let wait = until.saturating_sub(now);
-                match sock.recv(&mut buf, wait) {
-                    Ok(Some(n)) => {
-                        if let Some(m) = buf.get(..n).and_then(decode) {
-                            if client.handle(t0.elapsed(), &m) {
-                                log::debug!(
-                                    "dhcp: got {:?} from {:?}",
-                                    m.message_type,
-                                    m.server_id
-                                );
+                Action::Wait(until) => {
+                    let wait = until.saturating_sub(now);
+                    match sock.recv(&mut buf, wait) {
+                        Ok(Some(n)) => {
+                            if let Some(m) = buf.get(..n).and_then(decode) {
+                                if client.handle(t0.elapsed(), &m) {
+                                    log::debug!(
+                                        "dhcp: got {:?} from {:?}",
+                                        m.message_type,
+                                        m.server_id
+                                    );
+                                }
                             }
                         }
-                    }
-                    Ok(None) => {}
-                    Err(errno) => {
-                        return Err(DhcpError::Socket {
-                            iface: nic.name.clone(),
-                            errno,
-                        })
+                        Ok(None) => {}
+                        Err(errno) => {
+                            return Err(DhcpError::Socket {
+                                iface: nic.name.clone(),
+                                errno,
+                            })
+                        }
                     }
                 }
-            }
-            Action::Bound(lease) => {
-                if client.naks > 0 {
-                    log::info!("dhcp: bound after {} NAK(s)", client.naks);
+                Action::Bound(lease) => {
+                    if client.naks > 0 {
+                        log::info!("dhcp: bound after {} NAK(s)", client.naks);
+                    }
+                    // closing an AF_PACKET socket waits for an RCU grace period (4–20 ms): off
+                    // the path to Ready
+                    std::thread::spawn(move || drop(sock));
+                    return Ok((nic, up, lease));
                 }
-                // closing an AF_PACKET socket waits for an RCU grace period (4–20 ms): off the
-                // path to Ready
-                std::thread::spawn(move || drop(sock));
-                return Ok((nic, up, lease));
+                Action::TimedOut => return Err(no_lease(&nic)),
             }
-            Action::TimedOut => return Err(no_lease(&nic)),
         }
+    }
+
+    /// Runs the exchange and configures the lease: the rest of "bring the network up".
+    pub fn bring_up(
+        self,
+        hostname: Option<&str>,
+        deadline: Deadline,
+    ) -> Result<(Nic, Applied), DhcpError> {
+        let (nic, up, lease) = self.exchange(hostname, deadline)?;
+        let applied = apply::apply(up, &lease).map_err(DhcpError::Apply)?;
+        Ok((nic, applied))
     }
 }
 
@@ -161,7 +206,5 @@ pub fn bring_up(
     hostname: Option<&str>,
     deadline: Deadline,
 ) -> Result<(Nic, Applied), DhcpError> {
-    let (nic, up, lease) = acquire(class_net, iface, hostname, deadline)?;
-    let applied = apply::apply(up, &lease).map_err(DhcpError::Apply)?;
-    Ok((nic, applied))
+    prepare(class_net, iface, deadline)?.bring_up(hostname, deadline)
 }

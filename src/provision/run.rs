@@ -13,7 +13,7 @@ use crate::azure::wireserver::{self, Health, WireServer};
 use crate::azure::{imds, media, platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
-use crate::net::dhclient::DhcpError;
+use crate::net::dhclient::{self, DhcpError, Prepared};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -309,11 +309,25 @@ pub fn provision(opts: &Options) -> Summary {
         std::thread::spawn(move || hostkeys::generate(&sys))
     });
 
+    // The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
+    // packet carries the OVF's HostName, nothing before it needs the OVF.
     let t = Instant::now();
-    let ovf = guarded("reading the provisioning media", || {
-        read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE))
+    let (ovf, net_start) = std::thread::scope(|sc| {
+        let media = sc.spawn(|| {
+            guarded("reading the provisioning media", || {
+                read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE))
+            })
+        });
+        let net_start = prepare_network(opts, deadline);
+        let ovf = media.join().unwrap_or_else(|_| {
+            Err(Failure::new(
+                Reason::Internal,
+                "panic while reading the provisioning media",
+            ))
+        });
+        s.timings_ms.media = ms(t.elapsed());
+        (ovf, net_start)
     });
-    s.timings_ms.media = ms(t.elapsed());
     let ms_media = s.timings_ms.media;
     match &ovf {
         Ok(Some(o)) => log::info!(
@@ -330,8 +344,8 @@ pub fn provision(opts: &Options) -> Summary {
         .and_then(Option::as_ref)
         .map(|o| o.hostname.clone());
 
-    let t = Instant::now();
-    let network = network(opts, ovf_hostname.as_deref(), deadline);
+    let network = network(opts, net_start, ovf_hostname.as_deref());
+    // from the link-up, which began with the media read
     s.timings_ms.dhcp = ms(t.elapsed());
     let client = Client::new();
     let ws = WireServer {
@@ -454,25 +468,47 @@ fn wireserver_addr(opts: &Options, network: &Result<Option<Applied>, Failure>) -
         .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
 }
 
-/// DHCP on the chosen NIC, sending the OVF HostName as option 12 (Azure DNS registers the name
-/// the client sends); Ok(None) with `--no-dhcp`.
-fn network(
-    opts: &Options,
-    hostname: Option<&str>,
+/// DHCP's first half, begun while the media is read: when it began, its deadline, and the
+/// NIC with link up, carrier and socket (or why not).
+struct NetStart {
+    t: Instant,
     deadline: Deadline,
-) -> Result<Option<Applied>, Failure> {
+    prepared: Result<Prepared, DhcpError>,
+}
+
+/// Picks the NIC, brings its link up, waits for carrier, opens the socket; sends nothing. None
+/// with `--no-dhcp`.
+fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetStart> {
     if !opts.dhcp {
-        log::info!("dhcp: skipped (--no-dhcp)");
-        return Ok(None);
+        return None;
     }
     let t = Instant::now();
-    let class_net = opts.sys.join("class/net");
-    match crate::net::dhclient::bring_up(
-        &class_net,
-        opts.iface.as_deref(),
-        hostname,
-        deadline.min(deadline.remaining() / DHCP_SHARE),
-    ) {
+    let deadline = deadline.min(deadline.remaining() / DHCP_SHARE);
+    let prepared = dhclient::prepare(&opts.sys.join("class/net"), opts.iface.as_deref(), deadline);
+    Some(NetStart {
+        t,
+        deadline,
+        prepared,
+    })
+}
+
+/// DHCP on the prepared NIC, sending the OVF HostName as option 12 (Azure DNS registers the
+/// name the client sends), and the lease configured; Ok(None) with `--no-dhcp`.
+fn network(
+    opts: &Options,
+    start: Option<NetStart>,
+    hostname: Option<&str>,
+) -> Result<Option<Applied>, Failure> {
+    let Some(NetStart {
+        t,
+        deadline,
+        prepared,
+    }) = start
+    else {
+        log::info!("dhcp: skipped (--no-dhcp)");
+        return Ok(None);
+    };
+    match prepared.and_then(|p| p.bring_up(hostname, deadline)) {
         Ok((nic, applied)) => {
             let l = applied.lease();
             let ws = match (opts.wireserver, l.wireserver) {
@@ -690,7 +726,7 @@ fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
     let t = Instant::now();
-    let network = network(opts, hostname, deadline);
+    let network = network(opts, prepare_network(opts, deadline), hostname);
     s.timings_ms.dhcp = ms(t.elapsed());
     let client = Client::new();
     let ws = WireServer {
