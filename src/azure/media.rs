@@ -112,7 +112,7 @@ pub fn wait_for_drives(dev: &Path, sys: &Path, bound: Duration) -> Vec<PathBuf> 
             return drives;
         };
         if !deadline.sleep(Duration::from_millis(25)) {
-            log::debug!("no CD-ROM drive within {} ms: {why}", bound.as_millis());
+            log::info!("no CD-ROM drive after {} ms ({why})", bound.as_millis());
             return drives;
         }
     }
