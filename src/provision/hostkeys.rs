@@ -184,7 +184,7 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
 /// the first key found is taken. The others are abandoned; they end with the process (exec of
 /// the real init, or the hook's exit).
 fn race_rsa() -> Result<RsaKeypair, ssh_key::Error> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = crate::sys::cpus();
     let racers = cpus.clamp(1, 4);
     if racers == 1 {
         return RsaKeypair::random(&mut Crng, RSA_BITS);

@@ -13,6 +13,20 @@ pub mod switch_root;
 
 pub use nix::errno::Errno;
 
+/// The CPUs this process may run on (sched_getaffinity), at least 1. std's
+/// `available_parallelism` also reads cgroup quotas, which an initramfs has none of, and costs
+/// 5 KB of code.
+pub fn cpus() -> usize {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let Ok(set) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return 1;
+    };
+    let n = (0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .count();
+    n.max(1)
+}
+
 /// The errno behind an I/O error from std (EIO when it carries none).
 pub fn errno_of(e: &std::io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))

@@ -14,7 +14,6 @@
 
 use nix::errno::Errno;
 use nix::kmod::{finit_module, ModuleInitFlags};
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -36,7 +35,7 @@ pub fn load_module(path: &Path, params: &str) -> Result<(), Errno> {
 /// one CPU the gen1 module stage took 833 ms serially, 584–608 ms with 2 threads, 643–671 ms
 /// with 4 and 666–670 ms with 8 (the probes then compete for the one CPU).
 fn threads() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = crate::sys::cpus();
     (cpus + 1).clamp(2, 4)
 }
 
@@ -104,7 +103,7 @@ pub fn split_deferred(list: Vec<Module>) -> (Vec<Module>, Vec<Module>) {
 /// The drivers that load in list order among themselves, because their devices share a kernel
 /// name space: network drivers (`eth%d`); SCSI and ATA hosts (host numbers, then `sd%c` and
 /// `sr%d` in scan order); `vd%c`; `nvme%d`. By where the module sits in the kernel's tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lane {
     Net,
     Scsi,
@@ -235,25 +234,24 @@ impl Loader {
     where
         F: Fn(&Module, &str) -> Result<(), Errno> + Sync,
     {
-        let at: HashMap<&str, usize> = list
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.name.as_str(), i))
-            .collect();
+        // a few dozen modules: a linear search is all the lookup needs
+        let at = |name: &str| list.iter().position(|m| m.name == name);
         // what each module waits for: its dependencies in the list, then its lane's previous
-        let mut last_in_lane: HashMap<Lane, usize> = HashMap::new();
+        let lanes: Vec<Option<Lane>> = list.iter().map(|m| lane(&m.path)).collect();
         let waits: Vec<Vec<usize>> = list
             .iter()
+            .zip(&lanes)
             .enumerate()
-            .map(|(i, m)| {
+            .map(|(i, (m, l))| {
                 let mut w: Vec<usize> = m
                     .deps
                     .iter()
-                    .filter_map(|d| at.get(d.as_str()).copied())
+                    .filter_map(|d| at(d))
                     .filter(|&j| j < i)
                     .collect();
-                if let Some(l) = lane(&m.path) {
-                    w.extend(last_in_lane.insert(l, i));
+                let before = lanes.get(..i).unwrap_or_default();
+                if let Some(j) = l.and_then(|l| before.iter().rposition(|b| *b == Some(l))) {
+                    w.push(j);
                 }
                 w
             })
@@ -289,9 +287,7 @@ impl Loader {
                 };
                 let missing = m.deps.iter().find(|d| {
                     failed_before.contains(d)
-                        || at
-                            .get(d.as_str())
-                            .is_some_and(|&j| st.get(j) != Some(&Step::Loaded))
+                        || at(d).is_some_and(|j| st.get(j) != Some(&Step::Loaded))
                 });
                 if let Some(d) = missing {
                     set(&mut st, i, Step::Failed(format!("needs {d}")));
