@@ -72,11 +72,12 @@ const VMBUS_STORAGE: [&str; 2] = [
 ];
 
 /// Why a CD-ROM drive may still show up under `sys`; None when every controller that could
-/// carry one is done. PCI and virtio controllers are probed inside their module's load, and
-/// with synchronous SCSI scans (PID 1 sets them, `sys::modules::SCSI_SCAN`) their drives exist
-/// once the module is in; Hyper-V's VMBus controllers are probed on their own time, so one
-/// without a driver yet is still coming. With asynchronous scans (hook mode) nothing in sysfs
-/// says a scan is running: a loaded CD-ROM driver is reason enough.
+/// carry one is done. A PCI or virtio controller is probed and scanned inside its module's load
+/// (or before init, when built in), so its drives exist once the module is in. Hyper-V's VMBus
+/// controllers may be offered after hv_storvsc loaded and are probed on their own time: one
+/// without a driver yet is still coming, and with synchronous SCSI scans (PID 1 sets them,
+/// `sys::modules::SCSI_SCAN`) one with a driver has its drives. With asynchronous scans (hook
+/// mode) nothing in sysfs says such a scan is done: a loaded CD-ROM driver is reason enough.
 pub fn still_scanning(sys: &Path) -> Option<String> {
     if !(sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists()) {
         return None;

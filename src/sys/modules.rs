@@ -9,8 +9,8 @@
 //! name space (`eth%d`; SCSI hosts and so `sd%c` and `sr%d`; `vd%c`; `nvme%d`) load in list
 //! order among themselves ([`Lane`]); the others (buses such as virtio_pci and hv_vmbus,
 //! filesystems, libraries) and the other lanes overlap them. SCSI hosts scan
-//! synchronously while PID 1 loads ([`SCSI_SCAN`]), so every drive a host has at boot exists
-//! once its driver's module is in.
+//! synchronously while PID 1 runs ([`SCSI_SCAN`]), so a host's drives exist once its driver
+//! has bound to it, even when that happens outside any module load (Hyper-V's VMBus offers).
 
 use nix::errno::Errno;
 use nix::kmod::{finit_module, ModuleInitFlags};
@@ -201,9 +201,8 @@ impl Loader {
     /// Loads `list` with finit_module, up to [`threads`] at once. Absent hardware (ENODEV, as
     /// hv_vmbus in QEMU) or a failed dependency is logged and skipped, never fatal.
     pub fn load(&mut self, list: &[Module]) {
-        // Synchronous SCSI scans while PID 1 loads: a host driver's module is then in only once
-        // the host's drives are, so the CD wait knows when to stop (azure::media).
-        // `scsi_mod.scan=` on the command line wins.
+        // Synchronous SCSI scans while PID 1 runs (see SCSI_SCAN); `scsi_mod.scan=` on the
+        // command line wins.
         let param = Path::new(SCSI_SCAN);
         let ours = !self
             .params
@@ -374,8 +373,13 @@ impl Loader {
     }
 }
 
-/// scsi_mod's `scan` parameter: "async" (Debian's default) lets a host's LUNs appear after its
-/// driver's module has loaded, with nothing in sysfs to say a scan is still running.
+/// scsi_mod's `scan` parameter. With "async" (Debian's default) a host's scan runs as async
+/// work: a module load waits for it (finit_module returns after `async_synchronize_full`), but
+/// a host whose driver binds outside any module load (a Hyper-V VMBus controller offered after
+/// hv_storvsc loaded) scans on its own time, and nothing in sysfs says when it is done. With
+/// "sync" the scan is part of the probe, so the drives exist once the `driver` link does
+/// (measured under QEMU with `scsi_mod.scan=async`: sr0 attached before virtio_scsi's load
+/// returned).
 pub const SCSI_SCAN: &str = "/sys/module/scsi_mod/parameters/scan";
 
 /// Sets scsi_mod's `scan` parameter (at `param`) to "sync" and returns the value it had; None
