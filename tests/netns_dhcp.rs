@@ -202,3 +202,36 @@ fn the_first_offer_wins_over_a_slower_server() {
     );
     assert!(!lines.iter().any(|l| l["sent"] == 5), "{lines:?}");
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn the_first_packet_waits_for_the_kernel_to_attach_a_qdisc() {
+    require_privileges();
+    use azprov::deadline::Deadline;
+    use std::time::Duration;
+    // A thread in a network namespace of its own: its lo is down, and a down link's qdisc is
+    // "noop", as a link's is between carrier and the link watch's activation.
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let short = Deadline::after(Duration::from_millis(100));
+        assert!(
+            !azprov::net::link::wait_queues(1, short),
+            "a noop qdisc counted as active"
+        );
+        // `ip` forked from this thread runs in its namespace
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(up.success());
+        assert!(azprov::net::link::wait_queues(
+            1,
+            Deadline::after(Duration::from_secs(5))
+        ));
+    })
+    .join()
+    .unwrap();
+}

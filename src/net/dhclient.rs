@@ -82,6 +82,9 @@ pub fn prepare(
         nic.name,
         started.elapsed().as_millis()
     );
+    if !link::wait_queues(nic.ifindex, deadline) {
+        log::debug!("dhcp: {}'s queues still inactive; sending anyway", nic.name);
+    }
     let sock = PacketSocket::open(nic.ifindex as i32).map_err(|errno| DhcpError::Socket {
         iface: nic.name.clone(),
         errno,

@@ -4,7 +4,7 @@
 //! veth or tun pairs). An interface that shares its MAC with an `hv_netvsc` interface but has
 //! another driver is an Accelerated Networking VF (mlx4/mlx5/mana) and is never configured.
 
-use super::rtnl::{link_msg, NetlinkError, Op, IFF_UP};
+use super::rtnl::{getlink_msg, link_msg, link_qdisc, NetlinkError, Op, IFF_UP};
 use crate::deadline::Deadline;
 use crate::sys::netlink::Netlink;
 use std::fs;
@@ -250,6 +250,43 @@ impl Drop for LinkUp {
             log::warn!("{e}");
         }
     }
+}
+
+/// How long [`wait_queues`] waits for the kernel to activate a link's queues.
+const QUEUES_WAIT: Duration = Duration::from_secs(1);
+
+/// Waits (at most [`QUEUES_WAIT`], inside `deadline`) until the kernel has attached the link's
+/// root qdisc. `carrier` reads 1 as soon as the driver says so, but the queues are activated
+/// afterwards, by the link watch work: until then the qdisc is "noop", which drops every packet
+/// while `send` succeeds, so a DISCOVER sent then is lost and only the retransmission gets
+/// through. True when the queues are active or cannot be asked about.
+pub fn wait_queues(ifindex: u32, deadline: Deadline) -> bool {
+    let Ok(mut nl) = Netlink::open() else {
+        return true;
+    };
+    let wait = deadline.min(QUEUES_WAIT);
+    let started = std::time::Instant::now();
+    for polls in 0u32.. {
+        let qdisc = nl
+            .query(&mut getlink_msg(ifindex).into_bytes())
+            .ok()
+            .and_then(|reply| link_qdisc(&reply));
+        match qdisc.as_deref() {
+            Some("noop") if wait.sleep(Duration::from_millis(2)) => {}
+            Some("noop") => return false,
+            q => {
+                if polls > 0 {
+                    log::debug!(
+                        "link {ifindex}: qdisc {} after {} us",
+                        q.unwrap_or("?"),
+                        started.elapsed().as_micros()
+                    );
+                }
+                return true;
+            }
+        }
+    }
+    true
 }
 
 /// Polls `class_net/NAME/carrier` until it reads 1 or the deadline passes.

@@ -7,6 +7,7 @@ use nix::errno::Errno;
 use std::net::Ipv4Addr;
 
 pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_GETLINK: u16 = 18;
 pub const RTM_NEWADDR: u16 = 20;
 pub const RTM_DELADDR: u16 = 21;
 pub const RTM_NEWROUTE: u16 = 24;
@@ -17,6 +18,7 @@ pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const AF_INET: u8 = 2;
 pub const IFLA_MTU: u16 = 4;
+pub const IFLA_QDISC: u16 = 6;
 pub const IFA_ADDRESS: u16 = 1;
 pub const IFA_LOCAL: u16 = 2;
 pub const IFA_BROADCAST: u16 = 4;
@@ -64,6 +66,36 @@ impl Msg {
     pub fn into_bytes(self) -> Vec<u8> {
         self.0
     }
+}
+
+/// RTM_GETLINK for one interface (the reply is its RTM_NEWLINK).
+pub fn getlink_msg(ifindex: u32) -> Msg {
+    let mut fixed = vec![0u8; 4]; // family AF_UNSPEC, pad, type
+    fixed.extend_from_slice(&ifindex.to_ne_bytes());
+    fixed.extend_from_slice(&[0u8; 8]); // flags, change
+    Msg::new(RTM_GETLINK, NLM_F_REQUEST).raw(&fixed)
+}
+
+/// The root qdisc's name (`IFLA_QDISC`) in an RTM_NEWLINK message (header included): "noop"
+/// until the kernel has activated the device's queues, then e.g. "pfifo_fast", "fq_codel" or
+/// "noqueue". None when the message has no such attribute.
+pub fn link_qdisc(msg: &[u8]) -> Option<String> {
+    const ATTRS: usize = 16 + 16; // nlmsghdr, ifinfomsg
+    let mut rest = msg.get(ATTRS..)?;
+    while rest.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([*rest.first()?, *rest.get(1)?]));
+        let kind = u16::from_ne_bytes([*rest.get(2)?, *rest.get(3)?]);
+        if len < 4 || len > rest.len() {
+            return None;
+        }
+        if kind == IFLA_QDISC {
+            let value = rest.get(4..len)?;
+            let value = value.split(|&b| b == 0).next().unwrap_or_default();
+            return Some(String::from_utf8_lossy(value).into_owned());
+        }
+        rest = rest.get(((len + 3) & !3)..).unwrap_or_default();
+    }
+    None
 }
 
 /// RTM_NEWLINK changing only the flags in `change` (e.g. IFF_UP) and optionally the MTU.
@@ -279,5 +311,38 @@ mod tests {
         assert_eq!(broadcast(&l), l.address);
         l.prefix_len = 0;
         assert_eq!(broadcast(&l), Ipv4Addr::BROADCAST);
+    }
+
+    #[test]
+    fn the_qdisc_is_read_from_a_link_reply() {
+        // RTM_NEWLINK: header, ifinfomsg, IFLA_MTU, IFLA_QDISC "noop\0"
+        let reply = |qdisc: &[u8]| {
+            let mut m = Msg::new(RTM_NEWLINK, 0)
+                .raw(&[0u8; 16])
+                .attr(IFLA_MTU, &1500u32.to_ne_bytes())
+                .attr(IFLA_QDISC, qdisc)
+                .into_bytes();
+            let len = m.len() as u32;
+            m[..4].copy_from_slice(&len.to_ne_bytes());
+            m
+        };
+        assert_eq!(link_qdisc(&reply(b"noop\0")).as_deref(), Some("noop"));
+        assert_eq!(
+            link_qdisc(&reply(b"fq_codel\0")).as_deref(),
+            Some("fq_codel")
+        );
+        let none = Msg::new(RTM_NEWLINK, 0)
+            .raw(&[0u8; 16])
+            .attr(IFLA_MTU, &[0; 4])
+            .into_bytes();
+        assert_eq!(link_qdisc(&none), None);
+        // truncated or lying lengths end the walk
+        assert_eq!(link_qdisc(&reply(b"noop\0")[..34]), None);
+        let mut bad = reply(b"noop\0");
+        bad[32] = 200;
+        assert_eq!(link_qdisc(&bad), None);
+        let b = getlink_msg(7).into_bytes();
+        assert_eq!(u16::from_ne_bytes([b[4], b[5]]), RTM_GETLINK);
+        assert_eq!(u32::from_ne_bytes([b[20], b[21], b[22], b[23]]), 7);
     }
 }

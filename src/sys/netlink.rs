@@ -40,6 +40,18 @@ impl Netlink {
     /// Sends one request whose header (16 bytes) is filled in here except type and flags, and
     /// waits for the kernel's ACK. The error is the kernel's errno (e.g. EEXIST).
     pub fn request(&mut self, msg: &mut [u8]) -> Result<(), Errno> {
+        self.round_trip(msg, false).map(drop)
+    }
+
+    /// Sends one query (a GET without NLM_F_ACK) and returns the first message answering it,
+    /// header included; or the kernel's errno.
+    pub fn query(&mut self, msg: &mut [u8]) -> Result<Vec<u8>, Errno> {
+        self.round_trip(msg, true)
+    }
+
+    /// One request and its answer: the ACK (an empty Vec), or with `reply` the first other
+    /// message with the request's sequence number.
+    fn round_trip(&mut self, msg: &mut [u8], reply: bool) -> Result<Vec<u8>, Errno> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let len = msg.len() as u32;
@@ -63,13 +75,18 @@ impl Netlink {
                 if mlen < NLMSG_HEADER || mlen > rest.len() {
                     break;
                 }
-                if mtype == NLMSG_ERROR && u32_at(rest, 8) == seq {
-                    let errno = u32_at(rest, NLMSG_HEADER) as i32;
-                    return if errno == 0 {
-                        Ok(())
-                    } else {
-                        Err(Errno::from_raw(-errno))
-                    };
+                if u32_at(rest, 8) == seq {
+                    if mtype == NLMSG_ERROR {
+                        let errno = u32_at(rest, NLMSG_HEADER) as i32;
+                        return if errno == 0 {
+                            Ok(Vec::new())
+                        } else {
+                            Err(Errno::from_raw(-errno))
+                        };
+                    }
+                    if reply {
+                        return Ok(rest.get(..mlen).unwrap_or(&[]).to_vec());
+                    }
                 }
                 rest = rest.get(((mlen + 3) & !3)..).unwrap_or(&[]);
             }
