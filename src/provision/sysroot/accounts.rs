@@ -270,8 +270,7 @@ impl Sysroot {
         self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
 
         if !self.exists(&account.home) {
-            self.mkdir(&account.home, 0o750, (account.uid, account.gid))?;
-            self.copy_skel(&account)?;
+            self.make_home(&account)?;
         }
         Ok(account)
     }
@@ -336,17 +335,40 @@ impl Sysroot {
         })
     }
 
-    fn copy_skel(&self, account: &Account) -> Result<(), WriteError> {
+    /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it
+    /// and renamed into place, the parent fsynced: a run cut short leaves no half-filled home
+    /// that the next run would take as done (it only fills a home that does not exist). A
+    /// temporary left by such a run is removed first.
+    fn make_home(&self, account: &Account) -> Result<(), WriteError> {
+        let owner = (account.uid, account.gid);
+        let name = Path::new(&account.home)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| WriteError::Corrupt(format!("home {}", account.home)))?;
+        let parent = Path::new(&account.home)
+            .parent()
+            .map_or_else(|| "/".to_string(), |p| p.to_string_lossy().into_owned());
+        let tmp = format!("{}/.{name}.azprov-tmp", parent.trim_end_matches('/'));
+        let tmp_path = self.resolve(&tmp)?;
+        match fs::symlink_metadata(&tmp_path) {
+            Ok(md) if md.is_dir() => {
+                fs::remove_dir_all(&tmp_path).map_err(io_err("remove", &tmp_path))?
+            }
+            Ok(_) => fs::remove_file(&tmp_path).map_err(io_err("remove", &tmp_path))?,
+            Err(_) => {}
+        }
+        self.mkdir(&tmp, 0o750, owner)?;
         let skel = self.resolve("/etc/skel")?;
         // a real directory only: a symlinked skel could point anywhere on the host
-        if !fs::symlink_metadata(&skel)
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            return Ok(());
+        if fs::symlink_metadata(&skel).is_ok_and(|m| m.is_dir()) {
+            copy_tree(&skel, &tmp_path, owner)?;
         }
         let home = self.resolve(&account.home)?;
-        copy_tree(&skel, &home, (account.uid, account.gid))
+        fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
+        let dir = self.resolve(&parent)?;
+        fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", &dir))
     }
 }
 

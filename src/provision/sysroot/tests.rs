@@ -187,6 +187,35 @@ fn new_user_gets_accounts_home_and_locked_password() {
     azprov_unprivileged,
     ignore = "needs root (runs as root and under CI=true)"
 )]
+fn a_home_is_filled_aside_and_renamed_into_place() {
+    let (dir, root) = seeded("home");
+    // what a run cut short in the middle of the skel copy left behind
+    let tmp = dir.join("home/.azureuser.azprov-tmp");
+    fs::create_dir_all(&tmp).unwrap();
+    fs::write(tmp.join(".bashrc"), "half").unwrap();
+    fs::write(tmp.join("junk"), "x").unwrap();
+    let u = Username::parse("azureuser").unwrap();
+    root.ensure_user(&u, None).unwrap();
+    let home = dir.join("home/azureuser");
+    assert_eq!(
+        text(&home.join(".bashrc")),
+        text(&dir.join("etc/skel/.bashrc"))
+    );
+    assert!(home.join(".profile").exists());
+    assert!(
+        !home.join("junk").exists(),
+        "the old temporary's files came along"
+    );
+    assert!(!tmp.exists(), "the temporary is left");
+    assert_eq!((mode(&home), owner(&home)), (0o750, (1000, 1000)));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn the_login_shell_is_looked_up_inside_the_root() {
     let (dir, root) = seeded("shell");
     // an absolute symlink means the root's own /bin/dash, not the host's
