@@ -884,10 +884,18 @@ fn a_ready_not_acknowledged_is_sent_again_on_the_next_boot_and_only_it() {
     let passwd = text(root.join("etc/passwd"));
     let before = net.fabric_log().len();
 
-    // second boot, the fabric healthy: Ready again, no IMDS request, no rewrite
+    // second boot, the fabric healthy: Ready again, no IMDS request, no rewrite; with
+    // azprov.keepnet the lease stays configured, as on a first boot
     net.restart_fabric(&doc("vm-durable", "azureuser"), &json!([]));
-    let (o, v) = provision(&net, &root, &["--keep-host-keys"]);
+    assert!(net.vm_addrs().is_empty());
+    let keepnet = net.cmdline("ro azprov.keepnet azprov.iface=vm0 azprov.timeout=20");
+    let (o, v) = provision(&net, &root, &["--cmdline", &keepnet, "--keep-host-keys"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        net.vm_addrs().len(),
+        1,
+        "azprov.keepnet did not keep the lease"
+    );
     assert_eq!(v["report"], "ready");
     assert!(stderr(&o).contains("reporting it again"), "{}", stderr(&o));
     let second: Vec<Value> = net.fabric_log().into_iter().skip(before).collect();

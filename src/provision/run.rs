@@ -740,7 +740,10 @@ fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool
     }
     s.timings_ms.report = ms(t.elapsed());
     if let Ok(Some(applied)) = network {
-        if let Err(e) = applied.teardown() {
+        // as on the first boot: `azprov.keepnet` leaves the lease configured
+        if opts.keep_network {
+            applied.keep();
+        } else if let Err(e) = applied.teardown() {
             log::warn!("teardown: {e}");
         }
     }
