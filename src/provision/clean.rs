@@ -147,23 +147,14 @@ fn names_in(root: &Sysroot, dir: &str) -> Result<Vec<String>, WriteError> {
 /// Removes `path` (a directory with its contents; a symlink itself, never its target) and
 /// records it; nothing when it does not exist.
 fn remove(root: &Sysroot, path: &str, dry_run: bool, c: &mut Cleaned) -> Result<(), WriteError> {
-    let p = root.resolve(path)?;
-    let Ok(md) = fs::symlink_metadata(&p) else {
-        return Ok(());
+    let present = if dry_run {
+        fs::symlink_metadata(root.resolve(path)?).is_ok()
+    } else {
+        root.remove(path)?
     };
-    if !dry_run {
-        let r = if md.is_dir() {
-            fs::remove_dir_all(&p)
-        } else {
-            fs::remove_file(&p)
-        };
-        r.map_err(|source| WriteError::Io {
-            op: "remove",
-            path: p.display().to_string(),
-            source,
-        })?;
+    if present {
+        c.removed.push(path.to_string());
     }
-    c.removed.push(path.to_string());
     Ok(())
 }
 

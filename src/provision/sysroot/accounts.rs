@@ -349,15 +349,8 @@ impl Sysroot {
             .parent()
             .map_or_else(|| "/".to_string(), |p| p.to_string_lossy().into_owned());
         let tmp = format!("{}/.{name}.azprov-tmp", parent.trim_end_matches('/'));
-        let tmp_path = self.resolve(&tmp)?;
-        match fs::symlink_metadata(&tmp_path) {
-            Ok(md) if md.is_dir() => {
-                fs::remove_dir_all(&tmp_path).map_err(io_err("remove", &tmp_path))?
-            }
-            Ok(_) => fs::remove_file(&tmp_path).map_err(io_err("remove", &tmp_path))?,
-            Err(_) => {}
-        }
-        self.mkdir(&tmp, 0o750, owner)?;
+        self.remove(&tmp)?;
+        let tmp_path = self.mkdir(&tmp, 0o750, owner)?;
         let skel = self.resolve("/etc/skel")?;
         // a real directory only: a symlinked skel could point anywhere on the host
         if fs::symlink_metadata(&skel).is_ok_and(|m| m.is_dir()) {
@@ -365,10 +358,7 @@ impl Sysroot {
         }
         let home = self.resolve(&account.home)?;
         fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
-        let dir = self.resolve(&parent)?;
-        fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("fsync", &dir))
+        super::sync_dir(&self.resolve(&parent)?)
     }
 }
 

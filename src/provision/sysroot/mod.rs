@@ -248,6 +248,22 @@ impl Sysroot {
         Ok(p)
     }
 
+    /// Removes `path` inside the root: a directory with its contents, a symlink itself (never
+    /// its target). Ok(false) when there was nothing to remove.
+    pub fn remove(&self, path: &str) -> Result<bool, WriteError> {
+        let p = self.resolve(path)?;
+        let Ok(md) = fs::symlink_metadata(&p) else {
+            return Ok(false);
+        };
+        if md.is_dir() {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        }
+        .map_err(io_err("remove", &p))?;
+        Ok(true)
+    }
+
     /// Writes `data` to `path` atomically with this mode and owner.
     pub fn write(
         &self,
@@ -283,6 +299,13 @@ impl Sysroot {
     }
 }
 
+/// fsync of a directory, so a rename or a new entry in it is on disk.
+pub(super) fn sync_dir(dir: &Path) -> Result<(), WriteError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync", dir))
+}
+
 /// temp file in the same directory, mode and owner set, fsync, rename, fsync the directory.
 pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Result<(), WriteError> {
     let dir = p
@@ -309,9 +332,7 @@ pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Resu
             .map_err(io_err("chown", &tmp))?;
         f.sync_all().map_err(io_err("fsync", &tmp))?;
         fs::rename(&tmp, p).map_err(io_err("rename", p))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("fsync", dir))
+        sync_dir(dir)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
