@@ -313,11 +313,8 @@ pub fn provision(opts: &Options) -> Summary {
     // packet carries the OVF's HostName, nothing before it needs the OVF.
     let t = Instant::now();
     let (ovf, net_start) = std::thread::scope(|sc| {
-        let media = sc.spawn(|| {
-            guarded("reading the provisioning media", || {
-                read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE))
-            })
-        });
+        // a panic in the media thread (a bug) is caught by its join, as `guarded` does
+        let media = sc.spawn(|| read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE)));
         let net_start = prepare_network(opts, deadline);
         let ovf = media.join().unwrap_or_else(|_| {
             Err(Failure::new(
@@ -402,13 +399,7 @@ pub fn provision(opts: &Options) -> Summary {
     let reported_at = acked.then(crate::time::now_rfc3339);
     s.timings_ms.report = ms(t.elapsed());
 
-    if let Ok(Some(applied)) = network {
-        if opts.keep_network {
-            applied.keep();
-        } else if let Err(e) = applied.teardown() {
-            log::warn!("teardown: {e}");
-        }
-    }
+    release_network(opts, network);
     if let Some(h) = keygen {
         let generated = h.join().unwrap_or(Err(hostkeys::HostKeyError::Panicked));
         install_host_keys(&root, generated, &mut s);
@@ -675,6 +666,18 @@ fn install_host_keys(
     }
 }
 
+/// After the report: the lease torn down (routes, address, MTU, link state as they were), or
+/// left configured with `azprov.keepnet`.
+fn release_network(opts: &Options, network: Result<Option<Applied>, Failure>) {
+    if let Ok(Some(applied)) = network {
+        if opts.keep_network {
+            applied.keep();
+        } else if let Err(e) = applied.teardown() {
+            log::warn!("teardown: {e}");
+        }
+    }
+}
+
 /// The WireServer report's deadline: without a lease the WireServer is most likely
 /// unreachable, so the report gets [`REPORT_WITHOUT_LEASE`] at most.
 fn report_deadline(network: &Result<Option<Applied>, Failure>, deadline: Deadline) -> Deadline {
@@ -739,13 +742,6 @@ fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool
         s.report = Report::Failure;
     }
     s.timings_ms.report = ms(t.elapsed());
-    if let Ok(Some(applied)) = network {
-        // as on the first boot: `azprov.keepnet` leaves the lease configured
-        if opts.keep_network {
-            applied.keep();
-        } else if let Err(e) = applied.teardown() {
-            log::warn!("teardown: {e}");
-        }
-    }
+    release_network(opts, network);
     acked
 }
