@@ -50,6 +50,14 @@ impl std::fmt::Display for DhcpError {
 
 impl std::error::Error for DhcpError {}
 
+/// No lease on `nic` since `started` (no carrier, or no answer in time).
+fn no_lease(nic: &Nic, started: Instant) -> DhcpError {
+    DhcpError::NoLease {
+        iface: nic.name.clone(),
+        waited: started.elapsed(),
+    }
+}
+
 /// A NIC with its link up, carrier seen and the raw socket open: ready for the exchange.
 /// What comes before the first packet, so it can run while the OVF (whose HostName the
 /// exchange sends) is still being read.
@@ -72,10 +80,7 @@ pub fn prepare(
     let up = link::up(&nic).map_err(DhcpError::Link)?;
     if !link::wait_carrier(class_net, &nic.name, deadline) {
         log::warn!("no carrier on {} within the deadline", nic.name);
-        return Err(DhcpError::NoLease {
-            iface: nic.name.clone(),
-            waited: started.elapsed(),
-        });
+        return Err(no_lease(&nic, started));
     }
     log::debug!(
         "dhcp: carrier on {} after {} ms",
@@ -110,10 +115,6 @@ impl Prepared {
             sock,
             started,
         } = self;
-        let no_lease = |nic: &Nic| DhcpError::NoLease {
-            iface: nic.name.clone(),
-            waited: started.elapsed(),
-        };
         let mut seed = [0u8; 8];
         crate::sys::random_bytes(&mut seed);
         let t0 = Instant::now();
@@ -176,7 +177,7 @@ impl Prepared {
                     std::thread::spawn(move || drop(sock));
                     return Ok((nic, up, lease));
                 }
-                Action::TimedOut => return Err(no_lease(&nic)),
+                Action::TimedOut => return Err(no_lease(&nic, started)),
             }
         }
     }
