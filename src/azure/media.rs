@@ -82,7 +82,7 @@ pub fn still_scanning(sys: &Path) -> Option<String> {
     if !(sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists()) {
         return None;
     }
-    let scan = fs::read_to_string(sys.join("module/scsi_mod/parameters/scan")).ok();
+    let scan = fs::read_to_string(sys.join(crate::sys::modules::SCSI_SCAN)).ok();
     if scan.as_deref().map(str::trim) != Some("sync") {
         return Some("SCSI scans are asynchronous".into());
     }

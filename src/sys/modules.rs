@@ -181,8 +181,9 @@ impl Loader {
     /// to. Called before handover.
     pub fn restore_scsi_scan(&mut self) {
         if let Some(was) = self.scsi_scan_was.take() {
-            if let Err(e) = std::fs::write(SCSI_SCAN, &was) {
-                log::warn!("{SCSI_SCAN}: cannot restore {was}: {e}");
+            let param = Path::new("/sys").join(SCSI_SCAN);
+            if let Err(e) = std::fs::write(&param, &was) {
+                log::warn!("{}: cannot restore {was}: {e}", param.display());
             }
         }
     }
@@ -203,7 +204,7 @@ impl Loader {
     pub fn load(&mut self, list: &[Module]) {
         // Synchronous SCSI scans while PID 1 runs (see SCSI_SCAN); `scsi_mod.scan=` on the
         // command line wins.
-        let param = Path::new(SCSI_SCAN);
+        let param = &Path::new("/sys").join(SCSI_SCAN);
         let ours = !self
             .params
             .iter()
@@ -373,14 +374,14 @@ impl Loader {
     }
 }
 
-/// scsi_mod's `scan` parameter. With "async" (Debian's default) a host's scan runs as async
+/// scsi_mod's `scan` parameter, below /sys. With "async" (Debian's default) a host's scan runs as async
 /// work: a module load waits for it (finit_module returns after `async_synchronize_full`), but
 /// a host whose driver binds outside any module load (a Hyper-V VMBus controller offered after
 /// hv_storvsc loaded) scans on its own time, and nothing in sysfs says when it is done. With
 /// "sync" the scan is part of the probe, so the drives exist once the `driver` link does
 /// (measured under QEMU with `scsi_mod.scan=async`: sr0 attached before virtio_scsi's load
 /// returned).
-pub const SCSI_SCAN: &str = "/sys/module/scsi_mod/parameters/scan";
+pub const SCSI_SCAN: &str = "module/scsi_mod/parameters/scan";
 
 /// Sets scsi_mod's `scan` parameter (at `param`) to "sync" and returns the value it had; None
 /// when it was "sync" already or cannot be read or written.
