@@ -238,6 +238,16 @@ def parse_addr(s):
     return host, int(port)
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # a client that gives up on a stalled or dropped exchange resets the connection: that is
+        # the scenario, not an error of the fabric's
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wireserver", default="168.63.129.16:80")
@@ -254,8 +264,7 @@ def main():
     fabric = Fabric(args)
     servers = []
     for name, addr in (("wireserver", args.wireserver), ("imds", args.imds)):
-        srv = ThreadingHTTPServer(parse_addr(addr), make_handler(fabric, name))
-        srv.daemon_threads = True
+        srv = Server(parse_addr(addr), make_handler(fabric, name))
         servers.append(srv)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     print("fabric ready", flush=True)
