@@ -14,6 +14,25 @@ fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         .map(|i| i + from)
 }
 
+/// Whether the `UserPassword>` at `open` ends a start tag: `<UserPassword>` or
+/// `<prefix:UserPassword>`. The same text inside a key's value or a comment is no password,
+/// and a marker planted there would show, rightly, in the parsed keys.
+fn is_tag(data: &[u8], open: usize) -> bool {
+    let name_char = |c: &u8| c.is_ascii_alphanumeric() || b"_.-".contains(c);
+    let mut head = &data[..open];
+    if let Some((b':', prefixed)) = head.split_last() {
+        let start = prefixed
+            .iter()
+            .rposition(|c| !name_char(c))
+            .map_or(0, |i| i + 1);
+        if start == prefixed.len() {
+            return false;
+        }
+        head = &prefixed[..start];
+    }
+    head.last() == Some(&b'<')
+}
+
 /// The input with the marker as the text of every UserPassword element.
 fn plant(data: &[u8]) -> Vec<u8> {
     let mut clean = data.to_vec();
@@ -22,14 +41,20 @@ fn plant(data: &[u8]) -> Vec<u8> {
     }
     let mut out = Vec::with_capacity(clean.len() + MARKER.len());
     let mut at = 0;
-    while let Some(open) = find(&clean, b"UserPassword>", at) {
+    let mut from = 0;
+    while let Some(open) = find(&clean, b"UserPassword>", from) {
         let start = open + b"UserPassword>".len();
+        from = start;
+        if !is_tag(&clean, open) {
+            continue;
+        }
         let Some(end) = find(&clean, b"</", start) else {
             break;
         };
         out.extend_from_slice(&clean[at..start]);
         out.extend_from_slice(MARKER);
         at = end;
+        from = end;
     }
     out.extend_from_slice(&clean[at..]);
     out
