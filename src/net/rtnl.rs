@@ -68,12 +68,18 @@ impl Msg {
     }
 }
 
-/// RTM_GETLINK for one interface (the reply is its RTM_NEWLINK).
-pub fn getlink_msg(ifindex: u32) -> Msg {
+/// An ifinfomsg: family AF_UNSPEC, the interface, the flags and which of them change.
+fn ifinfomsg(ifindex: u32, flags: u32, change: u32) -> Vec<u8> {
     let mut fixed = vec![0u8; 4]; // family AF_UNSPEC, pad, type
     fixed.extend_from_slice(&ifindex.to_ne_bytes());
-    fixed.extend_from_slice(&[0u8; 8]); // flags, change
-    Msg::new(RTM_GETLINK, NLM_F_REQUEST).raw(&fixed)
+    fixed.extend_from_slice(&flags.to_ne_bytes());
+    fixed.extend_from_slice(&change.to_ne_bytes());
+    fixed
+}
+
+/// RTM_GETLINK for one interface (the reply is its RTM_NEWLINK).
+pub fn getlink_msg(ifindex: u32) -> Msg {
+    Msg::new(RTM_GETLINK, NLM_F_REQUEST).raw(&ifinfomsg(ifindex, 0, 0))
 }
 
 /// The root qdisc's name (`IFLA_QDISC`) in an RTM_NEWLINK message (header included): "noop"
@@ -100,11 +106,8 @@ pub fn link_qdisc(msg: &[u8]) -> Option<String> {
 
 /// RTM_NEWLINK changing only the flags in `change` (e.g. IFF_UP) and optionally the MTU.
 pub fn link_msg(ifindex: u32, flags: u32, change: u32, mtu: Option<u32>) -> Msg {
-    let mut fixed = vec![0u8; 4]; // family AF_UNSPEC, pad, type
-    fixed.extend_from_slice(&ifindex.to_ne_bytes());
-    fixed.extend_from_slice(&flags.to_ne_bytes());
-    fixed.extend_from_slice(&change.to_ne_bytes());
-    let m = Msg::new(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK).raw(&fixed);
+    let m =
+        Msg::new(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK).raw(&ifinfomsg(ifindex, flags, change));
     match mtu {
         Some(v) => m.attr(IFLA_MTU, &v.to_ne_bytes()),
         None => m,
