@@ -89,10 +89,11 @@ pub fn still_scanning(sys: &Path) -> Option<String> {
     if !sys.join("module/hv_storvsc").exists() {
         return None;
     }
-    crate::sys::sorted_names(&sys.join("bus/vmbus/devices"))
+    let devices = sys.join("bus/vmbus/devices");
+    crate::sys::sorted_names(&devices)
         .into_iter()
         .find(|name| {
-            let d = sys.join("bus/vmbus/devices").join(name);
+            let d = devices.join(name);
             let class = fs::read_to_string(d.join("class_id")).unwrap_or_default();
             let class = class.trim().trim_matches(['{', '}']).to_ascii_lowercase();
             VMBUS_STORAGE.contains(&class.as_str()) && !d.join("driver").exists()
@@ -284,20 +285,22 @@ mod tests {
         assert_eq!(still_scanning(&sys), None);
         // Hyper-V: a SCSI controller without a driver yet is still coming
         fs::create_dir_all(sys.join("module/hv_storvsc")).unwrap();
-        let ctl = sys.join("bus/vmbus/devices/f8b3781b-1e82-4818-a1c3-63d806ec15bb");
-        fs::create_dir_all(&ctl).unwrap();
-        fs::write(
-            ctl.join("class_id"),
-            "{ba6163d9-04a1-4d29-b605-72e2ffb1dc7f}\n",
-        )
-        .unwrap();
-        let net = sys.join("bus/vmbus/devices/000d3a6e-4548-000d-3a6e-4548000d3a6e");
-        fs::create_dir_all(&net).unwrap();
-        fs::write(
-            net.join("class_id"),
-            "{f8615163-df3e-46c5-913f-f2d2f965ed0e}\n",
-        )
-        .unwrap();
+        // a VMBus device as sysfs shows it: its directory and its braced class_id
+        let vmbus_device = |id: &str, class: &str| {
+            let d = sys.join("bus/vmbus/devices").join(id);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("class_id"), format!("{{{class}}}\n")).unwrap();
+            d
+        };
+        let ctl = vmbus_device(
+            "f8b3781b-1e82-4818-a1c3-63d806ec15bb",
+            "ba6163d9-04a1-4d29-b605-72e2ffb1dc7f",
+        );
+        // a NIC (netvsc), never waited for
+        vmbus_device(
+            "000d3a6e-4548-000d-3a6e-4548000d3a6e",
+            "f8615163-df3e-46c5-913f-f2d2f965ed0e",
+        );
         assert!(still_scanning(&sys).unwrap().contains("f8b3781b"));
         fs::create_dir_all(ctl.join("driver")).unwrap();
         // bound now; the NIC without a driver does not count
