@@ -335,6 +335,14 @@ pub fn provision(opts: &Options) -> Summary {
         Ok(None) => log::info!("media: {ms_media} ms: no provisioning media; IMDS only"),
         Err(f) => log::warn!("media: {ms_media} ms: {f}"),
     }
+    // The password's SHA-512 crypt, 33 ms of CPU under QEMU TCG, is made while DHCP and IMDS
+    // are waited for; merge takes the password from the OVF only.
+    let hashing = ovf
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .and_then(|o| o.password.clone())
+        .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)));
     let ovf_hostname = ovf
         .as_ref()
         .ok()
@@ -376,7 +384,13 @@ pub fn provision(opts: &Options) -> Summary {
         s.describe(&data);
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
         let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
-        guarded("writing", || super::write::write_all(&root, &data, &vm_id))
+        let hash = hashing.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(sysroot::WriteError::Corrupt("crypt panicked".into())))
+        });
+        guarded("writing", || {
+            super::write::write_all(&root, &data, hash, &vm_id)
+        })
     });
     let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
     s.timings_ms.write = ms(t.elapsed());

@@ -1,8 +1,9 @@
 //! Writing the provisioning data into the root in the order of the file contract.
 
 use super::data::ProvisioningData;
-use super::sysroot::{Sysroot, WriteError};
+use super::sysroot::{hash_password, Sysroot, WriteError};
 use super::{Failure, Reason};
+use crate::secret::Secret;
 
 /// What the writes did that the state records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,20 +13,30 @@ pub struct Written {
 }
 
 /// Writes all of `data` into the root in the order of docs/DESIGN.md §3, the marker last.
-/// Each step's failure has its own [`Reason`].
-pub fn write_all(root: &Sysroot, data: &ProvisioningData, vm_id: &str) -> Result<Written, Failure> {
+/// Each step's failure has its own [`Reason`]. `hash` is `data.password` hashed already
+/// ([`hash_password`]); when it is None the password is hashed here.
+pub fn write_all(
+    root: &Sysroot,
+    data: &ProvisioningData,
+    hash: Option<Result<Secret<String>, WriteError>>,
+    vm_id: &str,
+) -> Result<Written, Failure> {
     let fail = |reason: Reason| move |e: WriteError| Failure::new(reason, e);
     let user = &data.username.0;
     root.write_hostname(&data.hostname.0)
         .map_err(fail(Reason::WriteHostname))?;
-    let account = root
-        .ensure_user(user, data.password.as_ref())
-        .map_err(|e| match e {
-            WriteError::SystemAccount { .. }
-            | WriteError::NoLogin { .. }
-            | WriteError::SystemGroup { .. } => Failure::new(Reason::InvalidUsername, e),
-            e => Failure::new(Reason::CreateUser, e),
-        })?;
+    let hash = match (&data.password, hash) {
+        (None, _) => None,
+        (Some(_), Some(h)) => Some(h),
+        (Some(p), None) => Some(hash_password(p)),
+    };
+    let hash = hash.transpose().map_err(fail(Reason::CreateUser))?;
+    let account = root.ensure_user(user, hash.as_ref()).map_err(|e| match e {
+        WriteError::SystemAccount { .. }
+        | WriteError::NoLogin { .. }
+        | WriteError::SystemGroup { .. } => Failure::new(Reason::InvalidUsername, e),
+        e => Failure::new(Reason::CreateUser, e),
+    })?;
     log::info!(
         "user {user} (uid {}, {}) from {}",
         account.uid,

@@ -124,8 +124,9 @@ fn days_since_epoch() -> u64 {
         .unwrap_or(0)
 }
 
-/// SHA-512 crypt (`$6$`) with a random 16-character salt and the default 5000 rounds.
-pub fn hash_password(password: &Secret<String>) -> Result<String, WriteError> {
+/// SHA-512 crypt (`$6$`) with a random 16-character salt and the default 5000 rounds: the
+/// string shadow holds, as secret as the password.
+pub fn hash_password(password: &Secret<String>) -> Result<Secret<String>, WriteError> {
     const SALT_CHARS: &[u8] = b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut raw = [0u8; 16];
     crate::sys::random_bytes(&mut raw);
@@ -140,7 +141,7 @@ pub fn hash_password(password: &Secret<String>) -> Result<String, WriteError> {
             )
         })
         .collect();
-    crypt_sha512(password.expose(), &salt)
+    crypt_sha512(password.expose(), &salt).map(Secret::new)
 }
 
 pub(super) fn crypt_sha512(password: &str, salt: &str) -> Result<String, WriteError> {
@@ -153,11 +154,12 @@ pub(super) fn crypt_sha512(password: &str, salt: &str) -> Result<String, WriteEr
 
 impl Sysroot {
     /// Creates the user (or finds it), edits passwd/shadow/group/gshadow in place, and fills a
-    /// new home from /etc/skel. A password is stored hashed; none locks the account.
+    /// new home from /etc/skel. `hash` is the password's crypt string ([`hash_password`]);
+    /// none locks a new account.
     pub fn ensure_user(
         &self,
         user: &Username,
-        password: Option<&Secret<String>>,
+        hash: Option<&Secret<String>>,
     ) -> Result<Account, WriteError> {
         let defs = self
             .read("/etc/login.defs")?
@@ -175,7 +177,6 @@ impl Sysroot {
         let gshadow_present = self.exists("/etc/gshadow");
         let mut gshadow = Table::parse(self.read("/etc/gshadow")?);
 
-        let hash = password.map(hash_password).transpose()?;
         let account = if let Some(i) = passwd.find(name) {
             let uid: u32 = passwd.field(i, 2).and_then(|v| v.parse().ok()).unwrap_or(0);
             // `nobody` (65534), root, daemons: never the admin with sudo and the keys
@@ -251,13 +252,13 @@ impl Sysroot {
         // shadow: the hash, or locked ("!") for a new account without a password
         match shadow.find(name) {
             Some(i) => {
-                if let Some(h) = &hash {
-                    shadow.set_field(i, 1, h.as_bytes());
+                if let Some(h) = hash {
+                    shadow.set_field(i, 1, h.expose().as_bytes());
                     shadow.set_field(i, 2, days_since_epoch().to_string().as_bytes());
                 }
             }
             None => {
-                let pw = hash.clone().unwrap_or_else(|| "!".into());
+                let pw = hash.map_or("!", |h| h.expose().as_str());
                 shadow.push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
             }
         }
