@@ -335,19 +335,13 @@ pub fn provision(opts: &Options) -> Summary {
         Ok(None) => log::info!("media: {ms_media} ms: no provisioning media; IMDS only"),
         Err(f) => log::warn!("media: {ms_media} ms: {f}"),
     }
+    let ovf_env = ovf.as_ref().ok().and_then(Option::as_ref);
     // The password's SHA-512 crypt, 33 ms of CPU under QEMU TCG, is made while DHCP and IMDS
     // are waited for; merge takes the password from the OVF only.
-    let hashing = ovf
-        .as_ref()
-        .ok()
-        .and_then(Option::as_ref)
+    let hashing = ovf_env
         .and_then(|o| o.password.clone())
         .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)));
-    let ovf_hostname = ovf
-        .as_ref()
-        .ok()
-        .and_then(Option::as_ref)
-        .map(|o| o.hostname.clone());
+    let ovf_hostname = ovf_env.map(|o| o.hostname.clone());
 
     let network = network(opts, net_start, ovf_hostname.as_deref());
     // from the link-up, which began with the media read
