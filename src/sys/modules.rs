@@ -8,7 +8,8 @@
 //! Device names stay as a serial load gives them: the drivers whose devices share a kernel
 //! name space (`eth%d`; SCSI hosts and so `sd%c` and `sr%d`; `vd%c`; `nvme%d`) load in list
 //! order among themselves ([`Lane`]); the others (buses such as virtio_pci and hv_vmbus,
-//! filesystems, libraries) and the other lanes overlap them. SCSI hosts scan
+//! filesystems, libraries, a lane's own libraries such as scsi_mod and libata too) and the
+//! other lanes overlap them. SCSI hosts scan
 //! synchronously while PID 1 runs ([`SCSI_SCAN`]), so a host's drives exist once its driver
 //! has bound to it, even when that happens outside any module load (Hyper-V's VMBus offers).
 
@@ -237,7 +238,13 @@ impl Loader {
         // a few dozen modules: a linear search is all the lookup needs
         let at = |name: &str| list.iter().position(|m| m.name == name);
         // what each module waits for: its dependencies in the list, then its lane's previous
-        let lanes: Vec<Option<Lane>> = list.iter().map(|m| lane(&m.path)).collect();
+        // a module another one needs (scsi_mod, libata, scsi_transport_fc, net_failover) is a
+        // library: it makes no device names, so it holds no lane
+        let needed = |m: &Module| list.iter().any(|o| o.deps.contains(&m.name));
+        let lanes: Vec<Option<Lane>> = list
+            .iter()
+            .map(|m| lane(&m.path).filter(|_| !needed(m)))
+            .collect();
         let waits: Vec<Vec<usize>> = list
             .iter()
             .zip(&lanes)
@@ -582,6 +589,41 @@ mod tests {
         });
         assert!(*saw_y.lock().unwrap(), "x and y did not overlap");
         assert_eq!(l.loaded, 2);
+    }
+
+    #[test]
+    fn a_library_holds_no_lane() {
+        // libata (drivers/ata, needed by ata_piix) starts while hv_storvsc, the lane's first
+        // host, is still loading; ata_piix, a host, still waits for hv_storvsc
+        let list = "\
+/l/kernel/drivers/scsi/hv_storvsc.ko:
+/l/kernel/drivers/ata/libata.ko:
+/l/kernel/drivers/ata/ata_piix.ko: libata
+";
+        let started = (Mutex::new(false), Condvar::new());
+        let saw_libata = Mutex::new(false);
+        let events = Mutex::new(Vec::new());
+        let mut l = Loader::default();
+        l.load_with(&parse_list(list), 4, |m, _| {
+            events.lock().unwrap().push((m.name.clone(), true));
+            let (flag, cv) = &started;
+            if m.name == "libata" {
+                *flag.lock().unwrap() = true;
+                cv.notify_all();
+            } else if m.name == "hv_storvsc" {
+                let g = flag.lock().unwrap();
+                let (g, _) = cv
+                    .wait_timeout_while(g, std::time::Duration::from_secs(10), |y| !*y)
+                    .unwrap();
+                *saw_libata.lock().unwrap() = *g;
+            }
+            events.lock().unwrap().push((m.name.clone(), false));
+            Ok(())
+        });
+        assert!(*saw_libata.lock().unwrap(), "libata waited for the lane");
+        let ev = events.into_inner().unwrap();
+        assert!(ended_before(&ev, "hv_storvsc", "ata_piix"), "{ev:?}");
+        assert_eq!(l.loaded, 3);
     }
 
     #[test]
