@@ -237,7 +237,6 @@ impl Loader {
     {
         // a few dozen modules: a linear search is all the lookup needs
         let at = |name: &str| list.iter().position(|m| m.name == name);
-        // what each module waits for: its dependencies in the list, then its lane's previous
         // a module another one needs (scsi_mod, libata, scsi_transport_fc, net_failover) is a
         // library: it makes no device names, so it holds no lane
         let needed = |m: &Module| list.iter().any(|o| o.deps.contains(&m.name));
@@ -245,6 +244,7 @@ impl Loader {
             .iter()
             .map(|m| lane(&m.path).filter(|_| !needed(m)))
             .collect();
+        // what each module waits for: its dependencies in the list, then its lane's previous
         let waits: Vec<Vec<usize>> = list
             .iter()
             .zip(&lanes)
@@ -567,23 +567,39 @@ mod tests {
         assert!(!ev.iter().any(|e| e.0 == "e"));
     }
 
+    /// A flag one module's load opens and another's waits for (at most 10 s), to see two loads
+    /// overlap.
+    #[derive(Default)]
+    struct Gate(Mutex<bool>, Condvar);
+
+    impl Gate {
+        fn open(&self) {
+            *self.0.lock().unwrap() = true;
+            self.1.notify_all();
+        }
+
+        /// Whether the gate opened within 10 s.
+        fn wait(&self) -> bool {
+            let g = self.0.lock().unwrap();
+            let (g, _) = self
+                .1
+                .wait_timeout_while(g, std::time::Duration::from_secs(10), |open| !*open)
+                .unwrap();
+            *g
+        }
+    }
+
     #[test]
     fn independent_modules_load_at_the_same_time() {
         // x blocks until y has started: a serial load would wait out the 10 s and see false
-        let started = (Mutex::new(false), Condvar::new());
+        let y_started = Gate::default();
         let saw_y = Mutex::new(false);
         let mut l = Loader::default();
         l.load_with(&parse_list("/l/x.ko:\n/l/y.ko:\n"), 4, |m, _| {
-            let (flag, cv) = &started;
             if m.name == "y" {
-                *flag.lock().unwrap() = true;
-                cv.notify_all();
+                y_started.open();
             } else {
-                let g = flag.lock().unwrap();
-                let (g, _) = cv
-                    .wait_timeout_while(g, std::time::Duration::from_secs(10), |y| !*y)
-                    .unwrap();
-                *saw_y.lock().unwrap() = *g;
+                *saw_y.lock().unwrap() = y_started.wait();
             }
             Ok(())
         });
@@ -600,22 +616,16 @@ mod tests {
 /l/kernel/drivers/ata/libata.ko:
 /l/kernel/drivers/ata/ata_piix.ko: libata
 ";
-        let started = (Mutex::new(false), Condvar::new());
+        let libata_started = Gate::default();
         let saw_libata = Mutex::new(false);
         let events = Mutex::new(Vec::new());
         let mut l = Loader::default();
         l.load_with(&parse_list(list), 4, |m, _| {
             events.lock().unwrap().push((m.name.clone(), true));
-            let (flag, cv) = &started;
             if m.name == "libata" {
-                *flag.lock().unwrap() = true;
-                cv.notify_all();
+                libata_started.open();
             } else if m.name == "hv_storvsc" {
-                let g = flag.lock().unwrap();
-                let (g, _) = cv
-                    .wait_timeout_while(g, std::time::Duration::from_secs(10), |y| !*y)
-                    .unwrap();
-                *saw_libata.lock().unwrap() = *g;
+                *saw_libata.lock().unwrap() = libata_started.wait();
             }
             events.lock().unwrap().push((m.name.clone(), false));
             Ok(())
