@@ -3,10 +3,35 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Seconds as `30` or `2.5`; positive, finite and below 10^9 (about 31 years).
+/// Seconds as `30` or `2.5`: digits with at most one decimal point and nine places (read
+/// exactly, no float), positive and below 10^9 (about 31 years).
 pub fn parse_secs(s: &str) -> Option<Duration> {
-    let v: f64 = s.parse().ok()?;
-    (v.is_finite() && v > 0.0 && v < 1e9).then(|| Duration::from_secs_f64(v))
+    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if whole.len() + frac.len() == 0 || frac.len() > 9 || !digits(whole) || !digits(frac) {
+        return None;
+    }
+    let secs: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let nanos: u32 = format!("{frac:0<9}").parse().ok()?;
+    let d = Duration::new(secs, nanos);
+    (secs < 1_000_000_000 && !d.is_zero()).then_some(d)
+}
+
+/// `30` or `2.5`: whole milliseconds, as `parse_secs` reads them back.
+pub fn secs(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms % 1000 {
+        0 => format!("{}", ms / 1000),
+        frac => format!(
+            "{}.{}",
+            ms / 1000,
+            format!("{frac:03}").trim_end_matches('0')
+        ),
+    }
 }
 
 /// `2026-11-30T15:19:55Z` for the given time (UTC).
@@ -48,6 +73,48 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn seconds_are_read_exactly() {
+        assert_eq!(parse_secs("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_secs("2.5"), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_secs(".25"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_secs("5."), Some(Duration::from_secs(5)));
+        assert_eq!(parse_secs("0.000000001"), Some(Duration::from_nanos(1)));
+        assert_eq!(
+            parse_secs("999999999.5"),
+            Some(Duration::new(999_999_999, 500_000_000))
+        );
+        for bad in [
+            "",
+            ".",
+            "0",
+            "0.0",
+            "-1",
+            "+1",
+            "1e3",
+            "inf",
+            "NaN",
+            "1.2.3",
+            " 1",
+            "1s",
+            "0.0000000001",
+            "1000000000",
+        ] {
+            assert_eq!(parse_secs(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn seconds_are_written_as_they_are_read() {
+        assert_eq!(secs(Duration::from_secs(30)), "30");
+        assert_eq!(secs(Duration::from_millis(2500)), "2.5");
+        assert_eq!(secs(Duration::from_millis(1050)), "1.05");
+        assert_eq!(secs(Duration::from_millis(7)), "0.007");
+        for s in ["30", "2.5", "1.05", "0.007"] {
+            assert_eq!(secs(parse_secs(s).unwrap()), s);
+        }
+    }
 
     #[test]
     fn known_instants() {

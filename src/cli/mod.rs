@@ -108,7 +108,7 @@ pub(crate) fn opt<T: fmt::Display>(v: Option<T>) -> String {
 pub(crate) fn network_failure(what: &str, timeout: Duration, e: &HttpError) -> CliError {
     CliError::Failed(format!(
         "{what} failed within {}s: {e}",
-        timeout.as_secs_f64()
+        crate::time::secs(timeout)
     ))
 }
 

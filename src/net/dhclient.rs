@@ -41,7 +41,7 @@ impl std::fmt::Display for DhcpError {
             DhcpError::NoLease { iface, waited } => write!(
                 f,
                 "failure to obtain DHCP lease on {iface} after {}s",
-                waited.as_secs_f64().round()
+                (waited.as_millis() + 500) / 1000
             ),
             DhcpError::Apply(e) => write!(f, "{e}"),
         }
