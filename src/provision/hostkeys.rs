@@ -5,10 +5,12 @@
 //! (the block tools that scrape Azure's boot diagnostics parse). The keys are made beside the
 //! network stages (RSA takes seconds); the private halves never reach a log.
 
+mod prime;
+
 use super::sysroot::{Sysroot, WriteError};
 use rand_core::{CryptoRng, RngCore};
-use ssh_key::private::{KeypairData, RsaKeypair};
-use ssh_key::{Algorithm, EcdsaCurve, HashAlg, LineEnding, PrivateKey};
+use ssh_key::private::{EcdsaKeypair, Ed25519Keypair, KeypairData, RsaKeypair};
+use ssh_key::{EcdsaCurve, HashAlg, LineEnding, PrivateKey};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -156,17 +158,18 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
         let err = HostKeyError::key(kind);
         let key = match kind {
             KeyType::Rsa => {
-                let pair = race_rsa().map_err(err)?;
+                let pair =
+                    race_rsa().map_err(|detail| HostKeyError::Generate { key: kind, detail })?;
                 PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
             }
-            KeyType::Ecdsa => PrivateKey::random(
-                &mut Crng,
-                Algorithm::Ecdsa {
-                    curve: EcdsaCurve::NistP256,
-                },
-            )
-            .map_err(err)?,
-            KeyType::Ed25519 => PrivateKey::random(&mut Crng, Algorithm::Ed25519).map_err(err)?,
+            KeyType::Ecdsa => {
+                let pair = EcdsaKeypair::random(&mut Crng, EcdsaCurve::NistP256).map_err(err)?;
+                PrivateKey::new(KeypairData::Ecdsa(pair), "").map_err(err)?
+            }
+            KeyType::Ed25519 => {
+                let pair = Ed25519Keypair::random(&mut Crng);
+                PrivateKey::new(KeypairData::Ed25519(pair), "").map_err(err)?
+            }
         };
         took.push((kind, t.elapsed()));
         keys.push((kind, key));
@@ -179,25 +182,28 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
     })
 }
 
-/// RSA key generation is a prime search whose time varies several-fold from run to run (0.8 to
-/// 2.6 s natively, 3 to 32 s under emulation): with more than one CPU, a few searches race and
-/// the first key found is taken. The others are abandoned; they end with the process (exec of
-/// the real init, or the hook's exit).
-fn race_rsa() -> Result<RsaKeypair, ssh_key::Error> {
+/// RSA key generation is a prime search (`prime`) whose time varies several-fold from run to
+/// run: with more than one CPU, a few searches race and the first key found is taken. The
+/// others are abandoned; they end with the process (exec of the real init, or the hook's
+/// exit).
+fn race_rsa() -> Result<RsaKeypair, String> {
     let cpus = crate::sys::cpus();
     let racers = cpus.clamp(1, 4);
-    if racers == 1 {
-        return RsaKeypair::random(&mut Crng, RSA_BITS);
-    }
-    let (tx, rx) = std::sync::mpsc::channel();
-    for _ in 0..racers {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(RsaKeypair::random(&mut Crng, RSA_BITS));
-        });
-    }
-    drop(tx);
-    rx.recv().unwrap_or(Err(ssh_key::Error::Crypto))
+    let key = if racers == 1 {
+        prime::rsa_key(&mut Crng, RSA_BITS)
+    } else {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..racers {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(prime::rsa_key(&mut Crng, RSA_BITS));
+            });
+        }
+        drop(tx);
+        rx.recv().unwrap_or(Err(rsa::Error::Internal))
+    };
+    let key = key.map_err(|e| e.to_string())?;
+    RsaKeypair::try_from(key).map_err(|e| e.to_string())
 }
 
 /// Writes the keys over the image's (`/etc/ssh/ssh_host_<type>_key`, 0600 root, and `.pub`,
