@@ -3,7 +3,8 @@
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
-use crate::provision::run::{provision, Options, Report};
+use crate::provision::hostkeys::Keygen;
+use crate::provision::run::{early_keygen, provision_with, Options, Report};
 use crate::provision::sysroot::Sysroot;
 use crate::sys::block;
 use crate::sys::modules;
@@ -144,6 +145,10 @@ pub fn main() -> ! {
     crate::logger::Capture::install();
     log::info!("azprov {} as PID 1", crate::VERSION);
 
+    // A new VM's host keys are made from here on, on idle CPU only: the RSA search takes a
+    // fraction of a second natively, and the module stage mostly waits on devices.
+    let opts = Options::pid1(PathBuf::from(SYSROOT), &cfg);
+    let keygen = early_keygen(&opts);
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.
     let mut modules = Modules::start(&cfg);
@@ -152,7 +157,7 @@ pub fn main() -> ! {
     let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // The NIC and CD drivers are in once every module is.
     let loader = modules.loader();
-    provision_root(&cfg);
+    provision_root(&opts, keygen);
     process::reap();
     if cfg.read_only {
         remount_read_only(&root);
@@ -171,9 +176,9 @@ pub fn main() -> ! {
 
 /// Provisions the mounted root (unless disabled or not on Azure). A failure (a panic too) is reported and
 /// logged; the boot goes on into the real root so the VM stays reachable for debugging.
-fn provision_root(cfg: &Config) {
-    let opts = Options::pid1(PathBuf::from(SYSROOT), cfg);
-    match std::panic::catch_unwind(|| provision(&opts)) {
+fn provision_root(opts: &Options, keygen: Option<Keygen>) {
+    let run = std::panic::AssertUnwindSafe(|| provision_with(opts, keygen));
+    match std::panic::catch_unwind(run) {
         Ok(s) if s.report == Report::Failure => log::error!(
             "provisioning failed ({}); booting the real root for debugging",
             s.reason.map_or("unknown", |r| r.as_str())

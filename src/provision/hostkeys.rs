@@ -3,7 +3,8 @@
 //! ed25519, ECDSA (nistp256) and RSA (3072) keys from the kernel's CRNG, writes them in OpenSSH
 //! format over the image's, and prints their fingerprints on the console as cloud-init does
 //! (the block tools that scrape Azure's boot diagnostics parse). The keys are made beside the
-//! network stages (RSA takes seconds); the private halves never reach a log.
+//! other stages (RSA takes a fraction of a second natively, seconds under emulation); the
+//! private halves never reach a log.
 
 mod prime;
 
@@ -11,7 +12,9 @@ use super::sysroot::{Sysroot, WriteError};
 use rand_core::{CryptoRng, RngCore};
 use ssh_key::private::{EcdsaKeypair, Ed25519Keypair, KeypairData, RsaKeypair};
 use ssh_key::{EcdsaCurve, HashAlg, LineEnding, PrivateKey};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const SSH_DIR: &str = "/etc/ssh";
@@ -54,9 +57,14 @@ impl KeyType {
 #[derive(Debug)]
 pub enum HostKeyError {
     Entropy(crate::sys::Errno),
-    Generate { key: KeyType, detail: String },
+    Generate {
+        key: KeyType,
+        detail: String,
+    },
     Write(WriteError),
     Panicked,
+    /// Given up: the run turned out not to need new keys.
+    Stopped,
 }
 
 impl std::fmt::Display for HostKeyError {
@@ -68,6 +76,7 @@ impl std::fmt::Display for HostKeyError {
             }
             HostKeyError::Write(e) => write!(f, "{e}"),
             HostKeyError::Panicked => write!(f, "the key generation thread panicked"),
+            HostKeyError::Stopped => write!(f, "stopped: no new keys needed"),
         }
     }
 }
@@ -142,9 +151,46 @@ pub fn seed_from_platform(sys: &Path) -> Option<usize> {
     Some(seed.len())
 }
 
-/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first), at
-/// the lowest CPU priority: it runs beside the stages before Ready and must not slow them.
+/// `generate` on a thread of its own, started before a run knows whether it needs new keys
+/// (PID 1 starts it before the root is even mounted). Dropped without `join`, it stops: the
+/// RSA search checks between candidates and ends the thread with `HostKeyError::Stopped`.
+pub struct Keygen {
+    thread: Option<std::thread::JoinHandle<Result<Generated, HostKeyError>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Keygen {
+    pub fn start(sys: PathBuf) -> Keygen {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || generate_until(&sys, &flag));
+        Keygen {
+            thread: Some(thread),
+            stop,
+        }
+    }
+
+    /// Waits for the keys; a panic in the thread is a failed generation.
+    pub fn join(mut self) -> Result<Generated, HostKeyError> {
+        let thread = self.thread.take().ok_or(HostKeyError::Panicked)?;
+        thread.join().unwrap_or(Err(HostKeyError::Panicked))
+    }
+}
+
+impl Drop for Keygen {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first), on
+/// idle CPU only: it runs beside the stages before Ready and must not slow them.
 pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
+    generate_until(sys, &Arc::new(AtomicBool::new(false)))
+}
+
+/// `generate`, given up (`HostKeyError::Stopped`) once `stop` is set.
+fn generate_until(sys: &Path, stop: &Arc<AtomicBool>) -> Result<Generated, HostKeyError> {
     crate::sys::process::background_priority();
     let seeded = seed_from_platform(sys);
     let t = Instant::now();
@@ -158,8 +204,7 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
         let err = HostKeyError::key(kind);
         let key = match kind {
             KeyType::Rsa => {
-                let pair =
-                    race_rsa().map_err(|detail| HostKeyError::Generate { key: kind, detail })?;
+                let pair = race_rsa(stop)?;
                 PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
             }
             KeyType::Ecdsa => {
@@ -183,27 +228,40 @@ pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
 }
 
 /// RSA key generation is a prime search (`prime`) whose time varies several-fold from run to
-/// run: with more than one CPU, a few searches race and the first key found is taken. The
-/// others are abandoned; they end with the process (exec of the real init, or the hook's
-/// exit).
-fn race_rsa() -> Result<RsaKeypair, String> {
-    let cpus = crate::sys::cpus();
-    let racers = cpus.clamp(1, 4);
-    let key = if racers == 1 {
-        prime::rsa_key(&mut Crng, RSA_BITS)
-    } else {
-        let (tx, rx) = std::sync::mpsc::channel();
-        for _ in 0..racers {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let _ = tx.send(prime::rsa_key(&mut Crng, RSA_BITS));
-            });
+/// run: with more than one CPU, a few searches race; the first to find a key says so and the
+/// others stop at their next candidate.
+fn race_rsa(stop: &Arc<AtomicBool>) -> Result<RsaKeypair, HostKeyError> {
+    let won = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let racer = |tx: std::sync::mpsc::Sender<_>| {
+        let (stop, won) = (Arc::clone(stop), Arc::clone(&won));
+        move || {
+            let stopped = || stop.load(Ordering::Relaxed) || won.load(Ordering::Relaxed);
+            if let Some(key) = prime::rsa_key(&mut Crng, RSA_BITS, &stopped) {
+                won.store(true, Ordering::Relaxed);
+                let _ = tx.send(key);
+            }
         }
-        drop(tx);
-        rx.recv().unwrap_or(Err(rsa::Error::Internal))
     };
-    let key = key.map_err(|e| e.to_string())?;
-    RsaKeypair::try_from(key).map_err(|e| e.to_string())
+    match crate::sys::cpus().clamp(1, 4) {
+        1 => racer(tx)(),
+        racers => {
+            for _ in 0..racers {
+                std::thread::spawn(racer(tx.clone()));
+            }
+            drop(tx);
+        }
+    }
+    let err = |detail: String| HostKeyError::Generate {
+        key: KeyType::Rsa,
+        detail,
+    };
+    match rx.recv() {
+        Ok(key) => RsaKeypair::try_from(key.map_err(|e| err(e.to_string()))?)
+            .map_err(|e| err(e.to_string())),
+        // every racer stopped before it found a key
+        Err(_) => Err(HostKeyError::Stopped),
+    }
 }
 
 /// Writes the keys over the image's (`/etc/ssh/ssh_host_<type>_key`, 0600 root, and `.pub`,
@@ -340,6 +398,19 @@ mod tests {
         assert_eq!(block.first().map(String::as_str), Some(BEGIN));
         assert_eq!(block.last().map(String::as_str), Some(END));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_generation_dropped_before_its_keys_stops() {
+        let stop = Arc::new(AtomicBool::new(true));
+        let r = generate_until(Path::new("/nonexistent"), &stop);
+        assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
+
+        let mut k = Keygen::start("/nonexistent".into());
+        let thread = k.thread.take().unwrap();
+        drop(k);
+        let r = thread.join().unwrap();
+        assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
     }
 
     #[test]

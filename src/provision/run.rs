@@ -2,7 +2,7 @@
 //! hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::data::ProvisioningData;
-use super::hostkeys;
+use super::hostkeys::{self, Keygen};
 use super::merge::merge;
 use super::state::{Acked, State};
 use super::sysroot::{self, Sysroot};
@@ -254,10 +254,25 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
     }
 }
 
+/// The host keys' generation, started before the root is mounted (PID 1, at its start) when
+/// this run may make keys: they are wanted, provisioning is not disabled, and this is Azure or
+/// forced. A provisioned reboot whose keys are made drops it, which stops it; until then it
+/// had idle CPU only.
+pub fn early_keygen(opts: &Options) -> Option<Keygen> {
+    let may_provision = !opts.disable && (opts.force || platform::is_azure(&opts.dmi));
+    (opts.host_keys && may_provision).then(|| Keygen::start(opts.sys.clone()))
+}
+
 /// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of
 /// docs/DESIGN.md §2 from "already provisioned?" to "teardown", one log line each with its
 /// duration. The result is also the `--json` summary.
 pub fn provision(opts: &Options) -> Summary {
+    provision_with(opts, None)
+}
+
+/// `provision` with the host keys' generation already started (`early_keygen`); without it,
+/// a new VM's run starts it beside the media stage.
+pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
     let t0 = Instant::now();
     let capture = crate::logger::Capture::install();
     let root = Sysroot::new(&opts.root);
@@ -293,7 +308,7 @@ pub fn provision(opts: &Options) -> Summary {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
-            finish_provisioned(opts, &root, &mut s);
+            finish_provisioned(opts, &root, &mut s, keygen);
             s.timings_ms.total = ms(t0.elapsed());
             return s;
         }
@@ -303,10 +318,11 @@ pub fn provision(opts: &Options) -> Summary {
     let earlier = earlier.as_ref();
     // Read-only again when this run ends, whichever way.
     let _writable = writable(opts);
-    // New host keys for the new VM, made beside the network stages (RSA takes seconds).
+    // New host keys for the new VM, made beside the other stages.
     let keygen = opts.host_keys.then(|| {
-        let sys = opts.sys.clone();
-        std::thread::spawn(move || hostkeys::generate(&sys))
+        keygen
+            .take()
+            .unwrap_or_else(|| Keygen::start(opts.sys.clone()))
     });
 
     // The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
@@ -408,9 +424,8 @@ pub fn provision(opts: &Options) -> Summary {
     s.timings_ms.report = ms(t.elapsed());
 
     release_network(opts, network);
-    if let Some(h) = keygen {
-        let generated = h.join().unwrap_or(Err(hostkeys::HostKeyError::Panicked));
-        install_host_keys(&root, generated, &mut s);
+    if let Some(k) = keygen {
+        install_host_keys(&root, k.join(), &mut s);
     }
     s.timings_ms.total = ms(t0.elapsed());
     log::info!("total: {} ms", s.timings_ms.total);
@@ -699,7 +714,7 @@ fn report_deadline(network: &Result<Option<Applied>, Failure>, deadline: Deadlin
 /// A provisioned boot does nothing unless the first boot left work undone: a Ready the
 /// WireServer never acknowledged (sent again), or no host keys made for this VM id yet (made,
 /// without network). The state is read once and written once, if it changed.
-fn finish_provisioned(opts: &Options, root: &Sysroot, s: &mut Summary) {
+fn finish_provisioned(opts: &Options, root: &Sysroot, s: &mut Summary, keygen: Option<Keygen>) {
     let mut state = State::load(root).unwrap_or_default();
     let vm_id = root.read_marker();
     let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
@@ -717,7 +732,8 @@ fn finish_provisioned(opts: &Options, root: &Sysroot, s: &mut Summary) {
     if keys {
         log::info!("host keys: none made for this VM yet; making them");
         s.hostname = state.hostname.clone();
-        install_host_keys(root, hostkeys::generate(&opts.sys), s);
+        let generated = keygen.map_or_else(|| hostkeys::generate(&opts.sys), Keygen::join);
+        install_host_keys(root, generated, s);
         if !s.host_keys.is_empty() {
             state.host_keys = s.host_keys.clone();
             state.host_keys_vm_id = vm_id;

@@ -39,13 +39,62 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
-/// Lowest CPU priority (nice 19) for the calling thread and the threads it starts: on a
-/// one-vCPU VM the RSA search must not take CPU time from the stages before Ready. Linux keeps
-/// the nice value per thread; setpriority with the thread id sets this one's.
+/// Idle CPU only (SCHED_IDLE) for the calling thread and the threads it starts: on a one-vCPU
+/// VM the RSA search must not take CPU time from the stages before Ready, which it now runs
+/// beside from PID 1's start. SCHED_IDLE weighs 3 against a nice-0 thread's 1024 (nice 19
+/// weighs 15) and a woken normal thread preempts it. Linux keeps the policy per thread and new
+/// threads inherit it. Where the policy is refused, nice 19.
 pub fn background_priority() {
+    // SAFETY: sched_param is plain integers (musl adds timespecs), so all zeroes is a valid
+    // value: priority 0, which SCHED_IDLE requires.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    // The raw system call: musl's sched_setscheduler() returns ENOSYS by design (POSIX makes
+    // the policy process-wide, Linux keeps it per thread).
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid sched_param that
+    // outlives it; the result is checked.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_IDLE,
+            &param as *const libc::sched_param,
+        )
+    };
+    if set == 0 {
+        return;
+    }
+    log::debug!("sched_setscheduler SCHED_IDLE: {}", Errno::last());
     let tid = nix::unistd::gettid().as_raw() as libc::id_t;
     // SAFETY: plain syscall on the calling thread's own id; the result is checked.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) } != 0 {
         log::debug!("setpriority: {}", Errno::last());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Field 41 of /proc/thread-self/stat: the scheduling policy.
+    fn policy() -> u32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        after_comm.split(' ').nth(38).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn background_threads_get_idle_cpu_only() {
+        let (own, inherited) = std::thread::spawn(|| {
+            assert_eq!(policy(), libc::SCHED_OTHER as u32);
+            super::background_priority();
+            (policy(), std::thread::spawn(policy).join().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(own, libc::SCHED_IDLE as u32);
+        assert_eq!(inherited, libc::SCHED_IDLE as u32, "a thread it starts");
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER as u32,
+            "the other threads keep theirs"
+        );
     }
 }

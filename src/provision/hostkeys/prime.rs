@@ -23,16 +23,22 @@ const DELTA_LIMIT: u32 = 1 << 20;
 /// Rounds of Miller-Rabin beyond the first, as rsa's own search asks for.
 const MILLER_RABIN_ROUNDS: usize = 20;
 
-/// An RSA key of `bits` bits (a multiple of 16) from two primes of half the size each.
-pub fn rsa_key(rng: &mut impl RngCore, bits: usize) -> rsa::Result<RsaPrivateKey> {
+/// An RSA key of `bits` bits (a multiple of 16) from two primes of half the size each; None
+/// once `stopped` says so (asked before each candidate).
+pub fn rsa_key(
+    rng: &mut impl RngCore,
+    bits: usize,
+    stopped: &dyn Fn() -> bool,
+) -> Option<rsa::Result<RsaPrivateKey>> {
     let sieve = Sieve::new();
     loop {
-        let p = sieve.prime(rng, bits / 2);
-        let q = sieve.prime(rng, bits / 2);
+        let p = sieve.prime(rng, bits / 2, stopped)?;
+        let q = sieve.prime(rng, bits / 2, stopped)?;
         // Both have their top two bits set, so n has exactly `bits` bits; p == q is a 2^-1500
         // event that from_primes refuses anyway.
         if p != q {
-            return RsaPrivateKey::from_primes(vec![p, q], BigUint::from(PUBLIC_EXPONENT));
+            let e = BigUint::from(PUBLIC_EXPONENT);
+            return Some(RsaPrivateKey::from_primes(vec![p, q], e));
         }
     }
 }
@@ -62,16 +68,25 @@ impl Sieve {
         Sieve { primes, pairs }
     }
 
-    /// A probable prime of exactly `bits` bits (a multiple of 8) with its top two bits set.
-    fn prime(&self, rng: &mut impl RngCore, bits: usize) -> BigUint {
+    /// A probable prime of exactly `bits` bits (a multiple of 8) with its top two bits set;
+    /// None once `stopped` says so.
+    fn prime(
+        &self,
+        rng: &mut impl RngCore,
+        bits: usize,
+        stopped: &dyn Fn() -> bool,
+    ) -> Option<BigUint> {
         let mut start = vec![0u8; bits / 8];
         loop {
+            if stopped() {
+                return None;
+            }
             rng.fill_bytes(&mut start);
             if let Some(p) = self.candidate(&mut start) {
                 if p.bits() == bits
                     && num_bigint_dig::prime::probably_prime(&p, MILLER_RABIN_ROUNDS)
                 {
-                    return p;
+                    return Some(p);
                 }
             }
         }
@@ -218,8 +233,19 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_search_ends_before_its_next_candidate() {
+        let asked = std::cell::Cell::new(0);
+        let stopped = || {
+            asked.set(asked.get() + 1);
+            asked.get() > 3
+        };
+        assert!(rsa_key(&mut Counter(5), 3072, &stopped).is_none());
+        assert_eq!(asked.get(), 4);
+    }
+
+    #[test]
     fn a_key_is_made_of_two_primes_of_half_its_size() {
-        let key = rsa_key(&mut Counter(42), 1024).unwrap();
+        let key = rsa_key(&mut Counter(42), 1024, &|| false).unwrap().unwrap();
         assert_eq!(key.n().bits(), 1024);
         assert_eq!(key.e(), &BigUint::from(PUBLIC_EXPONENT));
         let primes = key.primes();
