@@ -12,8 +12,9 @@ use super::sysroot::{Sysroot, WriteError};
 use rand_core::{CryptoRng, RngCore};
 use ssh_key::private::{EcdsaKeypair, Ed25519Keypair, KeypairData, RsaKeypair};
 use ssh_key::{EcdsaCurve, HashAlg, LineEnding, PrivateKey};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,27 +152,62 @@ pub fn seed_from_platform(sys: &Path) -> Option<usize> {
     Some(seed.len())
 }
 
-/// `generate` on a thread of its own, started before a run knows whether it needs new keys
-/// (PID 1 starts it before the root is even mounted). Dropped without `join`, it stops: the
-/// RSA search checks between candidates and ends the thread with `HostKeyError::Stopped`.
+/// What the run wants of a generation in progress. The RSA searches read it before each
+/// candidate.
+#[derive(Clone)]
+struct Control(Arc<AtomicU8>);
+
+impl Control {
+    /// Nothing waits for the keys yet: idle CPU only.
+    const BACKGROUND: u8 = 0;
+    /// The run waits for the keys: normal priority from the next candidate on, so nothing else
+    /// on the machine starves the search.
+    const AWAITED: u8 = 1;
+    /// Not needed after all: the search ends at its next candidate.
+    const STOP: u8 = 2;
+
+    fn new(state: u8) -> Control {
+        Control(Arc::new(AtomicU8::new(state)))
+    }
+
+    fn set(&self, state: u8) {
+        self.0.store(state, Ordering::Relaxed);
+    }
+
+    /// Follows the run's wish on the calling thread (`raised` remembers whether it already
+    /// left idle priority); true when the work is to stop.
+    fn stop_here(&self, raised: &Cell<bool>) -> bool {
+        let state = self.0.load(Ordering::Relaxed);
+        if state == Control::AWAITED && !raised.replace(true) {
+            crate::sys::process::normal_priority();
+        }
+        state == Control::STOP
+    }
+}
+
+/// `generate` on a thread of its own and on idle CPU only, started before a run knows whether
+/// it needs new keys (PID 1 starts it before the root is even mounted). `join` raises it to
+/// normal priority and waits; dropped without `join`, it stops at its next RSA candidate
+/// (`HostKeyError::Stopped`).
 pub struct Keygen {
     thread: Option<std::thread::JoinHandle<Result<Generated, HostKeyError>>>,
-    stop: Arc<AtomicBool>,
+    control: Control,
 }
 
 impl Keygen {
     pub fn start(sys: PathBuf) -> Keygen {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || generate_until(&sys, &flag));
+        let control = Control::new(Control::BACKGROUND);
+        let theirs = control.clone();
+        let thread = std::thread::spawn(move || generate_with(&sys, &theirs));
         Keygen {
             thread: Some(thread),
-            stop,
+            control,
         }
     }
 
     /// Waits for the keys; a panic in the thread is a failed generation.
     pub fn join(mut self) -> Result<Generated, HostKeyError> {
+        self.control.set(Control::AWAITED);
         let thread = self.thread.take().ok_or(HostKeyError::Panicked)?;
         thread.join().unwrap_or(Err(HostKeyError::Panicked))
     }
@@ -179,19 +215,26 @@ impl Keygen {
 
 impl Drop for Keygen {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.control.set(Control::STOP);
     }
 }
 
 /// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first), on
-/// idle CPU only: it runs beside the stages before Ready and must not slow them.
+/// the calling thread, which waits for them (its priority is left alone).
 pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
-    generate_until(sys, &Arc::new(AtomicBool::new(false)))
+    generate_with(sys, &Control::new(Control::AWAITED))
 }
 
-/// `generate`, given up (`HostKeyError::Stopped`) once `stop` is set.
-fn generate_until(sys: &Path, stop: &Arc<AtomicBool>) -> Result<Generated, HostKeyError> {
-    crate::sys::process::background_priority();
+/// `generate` as `control` asks: on idle CPU only while in the background, given up
+/// (`HostKeyError::Stopped`) once stopped.
+fn generate_with(sys: &Path, control: &Control) -> Result<Generated, HostKeyError> {
+    // only a generation that starts in the background lowers its priority, and only that one
+    // raises it again
+    let background = control.0.load(Ordering::Relaxed) == Control::BACKGROUND;
+    let raised = Cell::new(!background);
+    if background {
+        crate::sys::process::background_priority();
+    }
     let seeded = seed_from_platform(sys);
     let t = Instant::now();
     let mut probe = [0u8; 1];
@@ -200,11 +243,14 @@ fn generate_until(sys: &Path, stop: &Arc<AtomicBool>) -> Result<Generated, HostK
     let mut keys = Vec::new();
     let mut took = Vec::new();
     for kind in KeyType::ALL {
+        if control.stop_here(&raised) {
+            return Err(HostKeyError::Stopped);
+        }
         let t = Instant::now();
         let err = HostKeyError::key(kind);
         let key = match kind {
             KeyType::Rsa => {
-                let pair = race_rsa(stop)?;
+                let pair = race_rsa(control, raised.get())?;
                 PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
             }
             KeyType::Ecdsa => {
@@ -229,14 +275,16 @@ fn generate_until(sys: &Path, stop: &Arc<AtomicBool>) -> Result<Generated, HostK
 
 /// RSA key generation is a prime search (`prime`) whose time varies several-fold from run to
 /// run: with more than one CPU, a few searches race; the first to find a key says so and the
-/// others stop at their next candidate.
-fn race_rsa(stop: &Arc<AtomicBool>) -> Result<RsaKeypair, HostKeyError> {
+/// others stop at their next candidate. Each follows `control` on its own thread, starting
+/// from the priority of the thread that starts it (`raised`: not the background's).
+fn race_rsa(control: &Control, raised: bool) -> Result<RsaKeypair, HostKeyError> {
     let won = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let racer = |tx: std::sync::mpsc::Sender<_>| {
-        let (stop, won) = (Arc::clone(stop), Arc::clone(&won));
+        let (control, won) = (control.clone(), Arc::clone(&won));
         move || {
-            let stopped = || stop.load(Ordering::Relaxed) || won.load(Ordering::Relaxed);
+            let raised = Cell::new(raised);
+            let stopped = || control.stop_here(&raised) || won.load(Ordering::Relaxed);
             if let Some(key) = prime::rsa_key(&mut Crng, RSA_BITS, &stopped) {
                 won.store(true, Ordering::Relaxed);
                 let _ = tx.send(key);
@@ -402,8 +450,7 @@ mod tests {
 
     #[test]
     fn a_generation_dropped_before_its_keys_stops() {
-        let stop = Arc::new(AtomicBool::new(true));
-        let r = generate_until(Path::new("/nonexistent"), &stop);
+        let r = generate_with(Path::new("/nonexistent"), &Control::new(Control::STOP));
         assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
 
         let mut k = Keygen::start("/nonexistent".into());
@@ -411,6 +458,39 @@ mod tests {
         drop(k);
         let r = thread.join().unwrap();
         assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root to leave SCHED_IDLE (runs as root and under CI=true)"
+    )]
+    fn an_awaited_generation_leaves_idle_priority() {
+        use crate::sys::process::{background_priority, policy};
+        let control = Control::new(Control::BACKGROUND);
+        let theirs = control.clone();
+        let seen = std::thread::spawn(move || {
+            background_priority();
+            let raised = Cell::new(false);
+            assert!(!theirs.stop_here(&raised));
+            let background = policy();
+            theirs.set(Control::AWAITED);
+            assert!(!theirs.stop_here(&raised));
+            (background, policy())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, (libc::SCHED_IDLE as u32, libc::SCHED_OTHER as u32));
+        // a generation that does not start in the background (`generate`, awaited from the
+        // start) leaves its caller's priority alone; stopped, so it ends before any search
+        std::thread::spawn(|| {
+            background_priority();
+            let r = generate_with(Path::new("/nonexistent"), &Control::new(Control::STOP));
+            assert!(matches!(r, Err(HostKeyError::Stopped)));
+            assert_eq!(policy(), libc::SCHED_IDLE as u32);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -45,8 +45,23 @@ pub fn getpid() -> u32 {
 /// weighs 15) and a woken normal thread preempts it. Linux keeps the policy per thread and new
 /// threads inherit it. Where the policy is refused, nice 19.
 pub fn background_priority() {
+    if set_policy(libc::SCHED_IDLE) {
+        return;
+    }
+    set_nice(19);
+}
+
+/// Back to the normal policy and nice 0 for the calling thread: what it does is now awaited
+/// (the host keys once the run joins their thread), and other work must not starve it.
+pub fn normal_priority() {
+    set_policy(libc::SCHED_OTHER);
+    set_nice(0);
+}
+
+/// sched_setscheduler(2) for the calling thread, priority 0; false when refused.
+fn set_policy(policy: libc::c_int) -> bool {
     // SAFETY: sched_param is plain integers (musl adds timespecs), so all zeroes is a valid
-    // value: priority 0, which SCHED_IDLE requires.
+    // value: priority 0, which SCHED_IDLE and SCHED_OTHER require.
     let param: libc::sched_param = unsafe { std::mem::zeroed() };
     // The raw system call: musl's sched_setscheduler() returns ENOSYS by design (POSIX makes
     // the policy process-wide, Linux keeps it per thread).
@@ -56,41 +71,63 @@ pub fn background_priority() {
         libc::syscall(
             libc::SYS_sched_setscheduler,
             0,
-            libc::SCHED_IDLE,
+            policy,
             &param as *const libc::sched_param,
         )
     };
-    if set == 0 {
-        return;
+    if set != 0 {
+        log::debug!("sched_setscheduler {policy}: {}", Errno::last());
     }
-    log::debug!("sched_setscheduler SCHED_IDLE: {}", Errno::last());
+    set == 0
+}
+
+/// The calling thread's nice value (Linux keeps it per thread: setpriority with its id).
+fn set_nice(nice: libc::c_int) {
     let tid = nix::unistd::gettid().as_raw() as libc::id_t;
     // SAFETY: plain syscall on the calling thread's own id; the result is checked.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) } != 0 {
-        log::debug!("setpriority: {}", Errno::last());
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+        log::debug!("setpriority {nice}: {}", Errno::last());
     }
+}
+
+/// The calling thread's scheduling policy: field 41 of /proc/thread-self/stat.
+#[cfg(test)]
+pub fn policy() -> u32 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let after_comm = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..))
+        .unwrap_or("");
+    after_comm
+        .split(' ')
+        .nth(38)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
 mod tests {
-    /// Field 41 of /proc/thread-self/stat: the scheduling policy.
-    fn policy() -> u32 {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-        after_comm.split(' ').nth(38).unwrap().parse().unwrap()
-    }
+    use super::policy;
 
     #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root to leave SCHED_IDLE (runs as root and under CI=true)"
+    )]
     fn background_threads_get_idle_cpu_only() {
-        let (own, inherited) = std::thread::spawn(|| {
+        let (own, inherited, back) = std::thread::spawn(|| {
             assert_eq!(policy(), libc::SCHED_OTHER as u32);
             super::background_priority();
-            (policy(), std::thread::spawn(policy).join().unwrap())
+            let own = policy();
+            let inherited = std::thread::spawn(policy).join().unwrap();
+            super::normal_priority();
+            (own, inherited, policy())
         })
         .join()
         .unwrap();
         assert_eq!(own, libc::SCHED_IDLE as u32);
         assert_eq!(inherited, libc::SCHED_IDLE as u32, "a thread it starts");
+        assert_eq!(back, libc::SCHED_OTHER as u32, "normal_priority");
         assert_eq!(
             policy(),
             libc::SCHED_OTHER as u32,
