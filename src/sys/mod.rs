@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 pub mod block;
+pub mod lz4;
 pub mod modules;
 pub mod mount;
 pub mod netlink;

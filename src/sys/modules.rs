@@ -14,18 +14,32 @@
 //! has bound to it, even when that happens outside any module load (Hyper-V's VMBus offers).
 
 use nix::errno::Errno;
-use nix::kmod::{finit_module, ModuleInitFlags};
+use nix::kmod::{finit_module, init_module, ModuleInitFlags};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
-/// finit_module(2) with `params` (`name=value …`, as modprobe passes them). EEXIST (already
-/// loaded) is success.
+/// The most a compressed module may decompress to (xfs, the largest, is 4.2 MB).
+const MODULE_MAX: usize = 64 << 20;
+
+/// finit_module(2) with `params` (`name=value …`, as modprobe passes them); a `.lz4` module
+/// (an LZ4 legacy frame, see `lz4`) is decompressed here and loaded with init_module(2): the
+/// kernel checks its signature the same way. EEXIST (already loaded) is success.
 pub fn load_module(path: &Path, params: &str) -> Result<(), Errno> {
-    let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
     let params = CString::new(params).map_err(|_| Errno::EINVAL)?;
-    match finit_module(&f, &params, ModuleInitFlags::empty()) {
+    let r = if path.extension().is_some_and(|e| e == "lz4") {
+        let data = std::fs::read(path).map_err(|e| super::errno_of(&e))?;
+        let image = super::lz4::decompress(&data, MODULE_MAX).map_err(|e| {
+            log::warn!("module {}: {e}", path.display());
+            Errno::ENOEXEC
+        })?;
+        init_module(&image, &params)
+    } else {
+        let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
+        finit_module(&f, &params, ModuleInitFlags::empty())
+    };
+    match r {
         Err(Errno::EEXIST) => Ok(()),
         r => r,
     }
