@@ -7,11 +7,11 @@ use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Options, Report};
 use crate::provision::sysroot::Sysroot;
 use crate::sys::block;
-use crate::sys::modules;
 use crate::sys::mount::{self, MsFlags};
 use crate::sys::process::{self, Power};
 use crate::sys::switch_root::{switch_root, SwitchRootError};
 use crate::sys::Errno;
+use crate::sys::{modalias, modules};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -245,22 +245,31 @@ impl Modules {
     /// filesystem modules wait in the loader until the root's type is known.
     fn start(cfg: &Config) -> Modules {
         let mut list = modules::parse_list(&fs::read_to_string(MODULES_LIST).unwrap_or_default());
-        for name in &cfg.modules {
+        let wanted: Vec<String> = cfg.modules.iter().map(|m| m.replace('-', "_")).collect();
+        for name in &wanted {
+            if list.iter().any(|m| &m.name == name) {
+                continue; // listed already: `wanted` exempts it from the device check
+            }
             match modules::find(Path::new("/lib/modules"), name) {
                 Some(path) => list.push(modules::Module {
                     path,
-                    name: name.replace('-', "_"),
+                    name: name.clone(),
                     deps: Vec::new(),
+                    aliases: Vec::new(),
                 }),
                 None => log::warn!("module {name}: not in the initramfs"),
             }
         }
+        // only the drivers a device of this VM needs (Azure's or QEMU's)
+        let devices = modalias::Devices::scan(Path::new("/sys"), crate::sys::hyperv());
+        let (list, unneeded) = modalias::gate(list, &devices, &wanted);
         let (now, later) = modules::split_deferred(list);
         let deferred = later.iter().map(|m| m.name.clone()).collect();
         let params = cfg.module_params.clone();
         let thread = std::thread::spawn(move || {
             let t = Instant::now();
             let mut loader = modules::Loader::new(later, params);
+            loader.leave_out(unneeded);
             loader.load(&now);
             log::info!(
                 "modules: {} ms: {} loaded, {} skipped {}",

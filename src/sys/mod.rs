@@ -5,6 +5,7 @@
 
 pub mod block;
 pub mod lz4;
+pub mod modalias;
 pub mod modules;
 pub mod mount;
 pub mod netlink;
@@ -26,6 +27,28 @@ pub fn cpus() -> usize {
         .filter(|&i| set.is_set(i).unwrap_or(false))
         .count();
     n.max(1)
+}
+
+/// Whether this is Microsoft's hypervisor: CPUID's hypervisor bit, then leaf 0x40000000's
+/// vendor "Microsoft Hv", the test the kernel makes before it starts VMBus. None where CPUID
+/// cannot tell (not x86_64).
+pub fn hyperv() -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        const HYPERVISOR_BIT: u32 = 1 << 31;
+        if __cpuid(1).ecx & HYPERVISOR_BIT == 0 {
+            return Some(false);
+        }
+        let r = __cpuid(0x4000_0000);
+        let vendor: Vec<u8> = [r.ebx, r.ecx, r.edx]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        Some(vendor == b"Microsoft Hv")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 /// The errno behind an I/O error from std (EIO when it carries none).

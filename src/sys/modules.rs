@@ -62,6 +62,9 @@ pub struct Module {
     pub path: PathBuf,
     pub name: String,
     pub deps: Vec<String>,
+    /// The module's device aliases (`pci:v00008086d00007111sv*…`, `virtio:d00000001v*`,
+    /// `vmbus:…`), as modules.alias has them: what [`super::modalias::gate`] matches.
+    pub aliases: Vec<String>,
 }
 
 /// `name` as the kernel spells it: dashes become underscores.
@@ -69,12 +72,13 @@ fn norm(n: &str) -> String {
     n.replace('-', "_")
 }
 
-/// Parses /etc/azprov/modules: `PATH[: DEP DEP…]` per line, `#` comments.
+/// Parses /etc/azprov/modules: `PATH[: DEP DEP…][ | ALIAS ALIAS…]` per line, `#` comments.
 pub fn parse_list(text: &str) -> Vec<Module> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| {
+            let (l, aliases) = l.split_once(" | ").unwrap_or((l, ""));
             let (path, deps) = l.split_once(':').unwrap_or((l, ""));
             let path = PathBuf::from(path.trim());
             let name = path
@@ -86,6 +90,7 @@ pub fn parse_list(text: &str) -> Vec<Module> {
                 path,
                 name,
                 deps: deps.split_whitespace().map(norm).collect(),
+                aliases: aliases.split_whitespace().map(str::to_string).collect(),
             }
         })
         .collect()
@@ -189,6 +194,15 @@ impl Loader {
             deferred,
             params,
             ..Loader::default()
+        }
+    }
+
+    /// Records modules left out of the list (no device needs them: `modalias::gate`) as
+    /// skipped, so a listed module that depends on one is skipped too, never tried.
+    pub fn leave_out(&mut self, unneeded: Vec<(String, &'static str)>) {
+        for (name, why) in unneeded {
+            self.skipped.push(format!("{name} ({why})"));
+            self.failed.push(name);
         }
     }
 
@@ -461,6 +475,7 @@ mod tests {
 /lib/modules/k/kernel/lib/crc-itu-t.ko:
 /lib/modules/k/kernel/fs/udf/udf.ko: crc-itu-t
 /lib/modules/k/kernel/drivers/md/raid456.ko: raid6_pq xor
+/lib/modules/k/kernel/drivers/ata/ata_piix.ko: scsi_mod | pci:v00008086d00007111sv*sd*bc*sc*i* pci:v00008086d00007010sv*sd*bc*sc*i*
 ";
 
     fn names(v: &[Module]) -> Vec<&str> {
@@ -470,7 +485,11 @@ mod tests {
     #[test]
     fn parses_paths_names_and_deps() {
         let l = parse_list(LIST);
-        assert_eq!(l.len(), 11);
+        assert_eq!(l.len(), 12);
+        assert_eq!(l[11].name, "ata_piix");
+        assert_eq!(l[11].deps, ["scsi_mod"]);
+        assert_eq!(l[11].aliases.len(), 2);
+        assert!(l[1].aliases.is_empty());
         assert_eq!(l[1].name, "scsi_mod");
         assert_eq!(l[1].deps, ["scsi_common"]);
         assert_eq!(l[8].name, "crc_itu_t");
@@ -490,7 +509,8 @@ mod tests {
                 "raid6_pq",
                 "crc_itu_t",
                 "udf",
-                "raid456"
+                "raid456",
+                "ata_piix"
             ]
         );
         assert_eq!(
