@@ -1,9 +1,11 @@
-//! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep`, load
+//! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep | alias alias`, load
 //! order), loaded with finit_module on a few threads at once, each module once its
 //! dependencies are in. Root filesystem modules (xfs, btrfs, ext4 when modular) and the
 //! dependencies only they need are deferred until the root's type is known: under QEMU TCG
 //! xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s of a 2.1 s module stage, and a root
-//! needs at most one of them.
+//! needs at most one of them. A `.ko.lz4` in the list (how mkinitramfs stores those) is
+//! decompressed ([`super::lz4`]) and loaded with init_module. Which listed drivers load at all
+//! is [`super::modalias`]'s call.
 //!
 //! Device names stay as a serial load gives them: the drivers whose devices share a kernel
 //! name space (`eth%d`; SCSI hosts and so `sd%c` and `sr%d`; `vd%c`; `nvme%d`) load in list
@@ -229,7 +231,7 @@ impl Loader {
     }
 
     /// Loads `list` with finit_module, up to [`threads`] at once. Absent hardware (ENODEV, as
-    /// hv_vmbus in QEMU) or a failed dependency is logged and skipped, never fatal.
+    /// hv_vmbus on arm64 QEMU) or a failed dependency is logged and skipped, never fatal.
     pub fn load(&mut self, list: &[Module]) {
         // Synchronous SCSI scans while PID 1 runs (see SCSI_SCAN); `scsi_mod.scan=` on the
         // command line wins.
