@@ -1,5 +1,5 @@
-//! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep | alias alias`, load
-//! order), loaded with finit_module on a few threads at once, each module once its
+//! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep | alias
+//! alias`, load order), loaded with finit_module on a few threads at once, each module once its
 //! dependencies are in. Root filesystem modules (xfs, btrfs, ext4 when modular) and the
 //! dependencies only they need are deferred until the root's type is known: under QEMU TCG
 //! xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s of a 2.1 s module stage, and a root
