@@ -669,6 +669,11 @@ fn bad_hostname_and_system_usernames_are_refused_with_a_reason() {
             .contains(&format!("reason={reason}|")));
         assert!(!root.join("var/lib/azprov/provisioned").exists());
         assert!(!text(root.join("etc/passwd")).contains(":1000:"));
+        // the account chain stops at the user: no sudoers line for a refused name
+        assert!(
+            !root.join("etc/sudoers.d/90-azprov").exists(),
+            "{host} {user}"
+        );
     }
 }
 

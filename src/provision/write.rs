@@ -12,30 +12,65 @@ pub struct Written {
     pub user_created: bool,
 }
 
-/// Writes all of `data` into the root in the order of docs/DESIGN.md §3, the marker last.
-/// Each step's failure has its own [`Reason`]. `hash` is `data.password` hashed already
-/// ([`hash_password`]); when it is None the password is hashed here.
+/// Writes all of `data` into the root as docs/DESIGN.md §3 lists it, the marker last, in two
+/// chains beside each other: the account (user, then its keys, then sudoers: no sudoers line
+/// for a user name that was refused) and the system files (hostname, sshd, custom data, user
+/// data, the IMDS document). Each file is fsynced, renamed and its directory fsynced as before;
+/// two chains let the journal commit both threads' changes together. When both fail, the
+/// reason is the failed step that comes first in the contract's order. Each step's failure has
+/// its own [`Reason`]. `hash` is `data.password` hashed already ([`hash_password`]); when it is
+/// None the password is hashed here.
 pub fn write_all(
     root: &Sysroot,
     data: &ProvisioningData,
     hash: Option<Result<Secret<String>, WriteError>>,
     vm_id: &str,
 ) -> Result<Written, Failure> {
-    let fail = |reason: Reason| move |e: WriteError| Failure::new(reason, e);
+    let (account, system) = std::thread::scope(|s| {
+        let account = s.spawn(|| write_account(root, data, hash));
+        let system = write_system(root, data);
+        let account = account
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (account, system)
+    });
+    let account = match (account, system) {
+        (Ok(a), Ok(())) => a,
+        (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
+        (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
+    };
+    root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
+        .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
+    Ok(Written {
+        user_created: account.created,
+    })
+}
+
+/// A failed step: its place in the contract's order (docs/DESIGN.md §3), and the failure.
+type Step = (u8, Failure);
+
+fn fail(at: u8, reason: Reason) -> impl Fn(WriteError) -> Step {
+    move |e| (at, Failure::new(reason, e))
+}
+
+/// The account chain: the user (passwd, shadow, group, gshadow, home), its keys, sudoers.
+fn write_account(
+    root: &Sysroot,
+    data: &ProvisioningData,
+    hash: Option<Result<Secret<String>, WriteError>>,
+) -> Result<super::sysroot::Account, Step> {
     let user = &data.username.0;
-    root.write_hostname(&data.hostname.0)
-        .map_err(fail(Reason::WriteHostname))?;
     let hash = match (&data.password, hash) {
         (None, _) => None,
         (Some(_), Some(h)) => Some(h),
         (Some(p), None) => Some(hash_password(p)),
     };
-    let hash = hash.transpose().map_err(fail(Reason::CreateUser))?;
+    let hash = hash.transpose().map_err(fail(1, Reason::CreateUser))?;
     let account = root.ensure_user(user, hash.as_ref()).map_err(|e| match e {
         WriteError::SystemAccount { .. }
         | WriteError::NoLogin { .. }
-        | WriteError::SystemGroup { .. } => Failure::new(Reason::InvalidUsername, e),
-        e => Failure::new(Reason::CreateUser, e),
+        | WriteError::SystemGroup { .. } => (1, Failure::new(Reason::InvalidUsername, e)),
+        e => (1, Failure::new(Reason::CreateUser, e)),
     })?;
     log::info!(
         "user {user} (uid {}, {}) from {}",
@@ -50,18 +85,25 @@ pub fn write_all(
     if !data.keys.is_empty() {
         let files = root
             .write_keys(&account, user, &data.keys)
-            .map_err(fail(Reason::WriteKeys))?;
+            .map_err(fail(2, Reason::WriteKeys))?;
         log::info!("{} SSH key(s) into {}", data.keys.len(), files.join(", "));
     }
     root.write_sudoers(user, data.password.is_some())
-        .map_err(fail(Reason::WriteSudoers))?;
+        .map_err(fail(3, Reason::WriteSudoers))?;
+    Ok(account)
+}
+
+/// The system chain: hostname, sshd's password setting, custom data, user data, IMDS.
+fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
+    root.write_hostname(&data.hostname.0)
+        .map_err(fail(0, Reason::WriteHostname))?;
     let password_auth = match data.disable_password_auth {
         Some((disable, _)) => !disable,
         None => data.password.is_some(),
     };
     if root
         .write_sshd(password_auth)
-        .map_err(fail(Reason::WriteSshd))?
+        .map_err(fail(4, Reason::WriteSshd))?
     {
         log::info!(
             "sshd PasswordAuthentication {}",
@@ -70,19 +112,102 @@ pub fn write_all(
     }
     if let Some(c) = &data.custom_data {
         root.write_state("customdata", c.expose())
-            .map_err(fail(Reason::WriteCustomData))?;
+            .map_err(fail(5, Reason::WriteCustomData))?;
     }
     if let Some(u) = &data.user_data {
         root.write_state("userdata", u.expose())
-            .map_err(fail(Reason::WriteUserData))?;
+            .map_err(fail(6, Reason::WriteUserData))?;
     }
     if let Some(j) = &data.imds_json {
         root.write_state("imds.json", j.expose())
-            .map_err(fail(Reason::WriteImds))?;
+            .map_err(fail(7, Reason::WriteImds))?;
     }
-    root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
-        .map_err(fail(Reason::WriteMarker))?;
-    Ok(Written {
-        user_created: account.created,
-    })
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::data::{Hostname, KeyEntry, Source, SshKey, Username};
+    use crate::provision::sysroot::tests::seeded;
+    use std::sync::atomic::Ordering;
+
+    fn data(user: &str) -> ProvisioningData {
+        ProvisioningData {
+            vm_id: Some("vm-1".into()),
+            hostname: (Hostname::parse("vm-chains").unwrap(), Source::Imds),
+            username: (Username::parse(user).unwrap(), Source::Imds),
+            keys: vec![KeyEntry {
+                key: SshKey::parse("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGt0ZXN0 a@b").unwrap(),
+                path: None,
+                source: Source::Imds,
+            }],
+            password: None,
+            disable_password_auth: None,
+            custom_data: Some(Secret::new(b"#!/bin/sh\n".to_vec())),
+            user_data: None,
+            imds_json: None,
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn both_chains_write_and_the_marker_comes_last() {
+        let (dir, root) = seeded("chains-ok");
+        let w = write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        assert!(w.user_created);
+        for f in [
+            "etc/hostname",
+            "etc/sudoers.d/90-azprov",
+            "home/azureuser/.ssh/authorized_keys",
+            "var/lib/azprov/customdata",
+        ] {
+            assert!(dir.join(f).exists(), "{f}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join("var/lib/azprov/provisioned")).unwrap(),
+            "vm-1\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn a_refused_user_gets_no_sudoers_line_and_no_marker() {
+        let (dir, root) = seeded("chains-daemon");
+        let e = write_all(&root, &data("daemon"), None, "vm-1").unwrap_err();
+        assert_eq!(e.reason, Reason::InvalidUsername);
+        assert!(!dir.join("etc/sudoers.d/90-azprov").exists());
+        assert!(!dir.join("var/lib/azprov/provisioned").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn when_both_chains_fail_the_first_step_in_the_contract_is_the_reason() {
+        // no write succeeds: the hostname (system chain) and the user (account chain) fail
+        let (dir, root) = seeded("chains-full");
+        root.writes_left.store(0, Ordering::SeqCst);
+        let e = write_all(&root, &data("azureuser"), None, "vm-1").unwrap_err();
+        assert_eq!(e.reason, Reason::WriteHostname);
+        assert!(e.detail.contains("No space left"), "{}", e.detail);
+        // one write allowed: whichever chain takes it, a later step fails and no marker is
+        // written
+        let (dir2, root2) = seeded("chains-one");
+        root2.writes_left.store(1, Ordering::SeqCst);
+        assert!(write_all(&root2, &data("azureuser"), None, "vm-1").is_err());
+        assert!(!dir2.join("var/lib/azprov/provisioned").exists());
+        for d in [dir, dir2] {
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
 }

@@ -341,4 +341,4 @@ pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Resu
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

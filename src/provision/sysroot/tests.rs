@@ -8,7 +8,7 @@ use std::os::unix::fs::symlink;
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/root");
 
 /// A Debian-like root in a fresh temp dir, with shadow 0640 root:shadow as on Debian.
-fn seeded(name: &str) -> (PathBuf, Sysroot) {
+pub(crate) fn seeded(name: &str) -> (PathBuf, Sysroot) {
     assert!(is_root(), "sysroot tests need root (they chown files)");
     let dir = std::env::temp_dir().join(format!("azprov-sysroot-{}-{name}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
