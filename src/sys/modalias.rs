@@ -13,6 +13,8 @@
 //! - Hyper-V (`vmbus:` aliases and hv_vmbus's ACPI ones): on x86 the kernel starts VMBus only
 //!   when CPUID names Microsoft's hypervisor (`hv_is_hyperv_initialized`), so the same test
 //!   here skips exactly what would fail; elsewhere the modules load and hv_vmbus says ENODEV.
+//!   On Hyper-V (or where that is unknown) a listed pci_hyperv brings PCI devices later
+//!   (Azure's NVMe disks), so PCI and virtio are not judged there at all.
 //!
 //! A module with any alias on another bus (scsi:, acpi:, of:, …), or with no aliases, loads as
 //! before; so does a module named in `azprov.modules=`.
@@ -200,6 +202,21 @@ pub fn gate(
     devices: &Devices,
     wanted: &[String],
 ) -> (Vec<Module>, Vec<(String, &'static str)>) {
+    // Hyper-V's virtual PCI (pci_hyperv) brings PCI devices after PID 1 starts: the NVMe
+    // disks of Azure's NVMe sizes, Accelerated Networking's VFs. With it in the list, PCI (and
+    // so virtio) is complete only where this is known not to be Hyper-V.
+    let late_pci = devices.hyperv != Some(false) && list.iter().any(|m| m.name == "pci_hyperv");
+    let judged;
+    let devices = if late_pci {
+        judged = Devices {
+            pci: None,
+            virtio: None,
+            hyperv: devices.hyperv,
+        };
+        &judged
+    } else {
+        devices
+    };
     let mut skip: Vec<(usize, &'static str)> = list
         .iter()
         .enumerate()
@@ -248,7 +265,8 @@ mod tests {
     use super::*;
     use crate::sys::modules::parse_list;
 
-    // what mkinitramfs writes for the default list, trimmed to a few aliases each
+    // what mkinitramfs writes for the default list, trimmed to a few aliases each, and
+    // without pci_hyperv (see hyperv_pci_makes_pci_late_on_hyperv_only)
     const LIST: &str = "\
 /k/drivers/hv/hv_vmbus.ko: | acpi*:VMBUS:* acpi*:VMBus:*
 /k/drivers/net/hyperv/hv_netvsc.ko: hv_vmbus | vmbus:635161f83edfc546913ff2d2f965ed0e
@@ -337,6 +355,34 @@ mod tests {
         ] {
             assert!(kept.contains(&m.to_string()), "{m} dropped");
         }
+    }
+
+    #[test]
+    fn hyperv_pci_makes_pci_late_on_hyperv_only() {
+        let with_vpci = format!(
+            "{LIST}/k/drivers/pci/controller/pci-hyperv.ko: hv_vmbus | vmbus:1df6c444444400449d52802e27ede19f\n"
+        );
+        let d = |hyperv| {
+            let pci: Vec<String> = AZURE_GEN1.iter().map(|s| s.to_string()).collect();
+            Devices {
+                virtio: Some(pci.iter().filter_map(|m| virtio_of_pci(m)).collect()),
+                pci: Some(pci),
+                hyperv,
+            }
+        };
+        // Azure: an NVMe disk may still come through pci_hyperv, so no PCI driver is judged
+        let (kept, why) = gate(parse_list(&with_vpci), &d(Some(true)), &[]);
+        assert!(why.is_empty(), "{why:?}");
+        assert_eq!(kept.len(), parse_list(&with_vpci).len());
+        // arm64 (unknown): the same
+        assert!(gate(parse_list(&with_vpci), &d(None), &[]).1.is_empty());
+        // QEMU: pci_hyperv itself goes, and PCI is judged as before
+        let (_, why) = gate(parse_list(&with_vpci), &d(Some(false)), &[]);
+        let names: Vec<&str> = why.iter().map(|(m, _)| m.as_str()).collect();
+        assert!(
+            names.contains(&"pci_hyperv") && names.contains(&"virtio_pci"),
+            "{names:?}"
+        );
     }
 
     #[test]
