@@ -245,7 +245,7 @@ impl Modules {
     /// filesystem modules wait in the loader until the root's type is known.
     fn start(cfg: &Config) -> Modules {
         let mut list = modules::parse_list(&fs::read_to_string(MODULES_LIST).unwrap_or_default());
-        let wanted: Vec<String> = cfg.modules.iter().map(|m| m.replace('-', "_")).collect();
+        let wanted: Vec<String> = cfg.modules.iter().map(|m| modules::norm(m)).collect();
         for name in &wanted {
             if list.iter().any(|m| &m.name == name) {
                 continue; // listed already: `wanted` exempts it from the device check
@@ -261,7 +261,7 @@ impl Modules {
             }
         }
         // only the drivers a device of this VM needs (Azure's or QEMU's)
-        let devices = modalias::Devices::scan(Path::new("/sys"), crate::sys::hyperv());
+        let devices = modalias::Devices::scan(Path::new("/sys"), crate::sys::hyperv(), &list);
         let (list, unneeded) = modalias::gate(list, &devices, &wanted);
         let (now, later) = modules::split_deferred(list);
         let deferred = later.iter().map(|m| m.name.clone()).collect();

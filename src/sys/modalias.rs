@@ -138,8 +138,19 @@ fn modaliases(dir: &Path) -> Option<Vec<String>> {
 }
 
 impl Devices {
-    /// Reads the buses below `sys` (normally /sys); `hyperv` is [`super::hyperv`]'s answer.
-    pub fn scan(sys: &Path, hyperv: Option<bool>) -> Devices {
+    /// Reads the buses below `sys` (normally /sys) for the modules in `list`; `hyperv` is
+    /// [`super::hyperv`]'s answer. Hyper-V's virtual PCI (pci_hyperv) brings PCI devices after
+    /// PID 1 starts (the NVMe disks of Azure's NVMe sizes, Accelerated Networking's VFs): with
+    /// it in the list, PCI (and so virtio) is complete only where this is known not to be
+    /// Hyper-V, and is not read at all elsewhere.
+    pub fn scan(sys: &Path, hyperv: Option<bool>, list: &[Module]) -> Devices {
+        if hyperv != Some(false) && list.iter().any(|m| m.name == "pci_hyperv") {
+            return Devices {
+                pci: None,
+                virtio: None,
+                hyperv,
+            };
+        }
         let pci = modaliases(&sys.join("bus/pci/devices"));
         let platform = modaliases(&sys.join("bus/platform/devices")).unwrap_or_default();
         let mmio = platform
@@ -202,21 +213,6 @@ pub fn gate(
     devices: &Devices,
     wanted: &[String],
 ) -> (Vec<Module>, Vec<(String, &'static str)>) {
-    // Hyper-V's virtual PCI (pci_hyperv) brings PCI devices after PID 1 starts: the NVMe
-    // disks of Azure's NVMe sizes, Accelerated Networking's VFs. With it in the list, PCI (and
-    // so virtio) is complete only where this is known not to be Hyper-V.
-    let late_pci = devices.hyperv != Some(false) && list.iter().any(|m| m.name == "pci_hyperv");
-    let judged;
-    let devices = if late_pci {
-        judged = Devices {
-            pci: None,
-            virtio: None,
-            hyperv: devices.hyperv,
-        };
-        &judged
-    } else {
-        devices
-    };
     let mut skip: Vec<(usize, &'static str)> = list
         .iter()
         .enumerate()
@@ -359,30 +355,48 @@ mod tests {
 
     #[test]
     fn hyperv_pci_makes_pci_late_on_hyperv_only() {
-        let with_vpci = format!(
+        let with_vpci = parse_list(&format!(
             "{LIST}/k/drivers/pci/controller/pci-hyperv.ko: hv_vmbus | vmbus:1df6c444444400449d52802e27ede19f\n"
-        );
-        let d = |hyperv| {
-            let pci: Vec<String> = AZURE_GEN1.iter().map(|s| s.to_string()).collect();
-            Devices {
-                virtio: Some(pci.iter().filter_map(|m| virtio_of_pci(m)).collect()),
-                pci: Some(pci),
-                hyperv,
-            }
+        ));
+        let dir = std::env::temp_dir().join(format!("azprov-modalias-vpci-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for (i, alias) in AZURE_GEN1.iter().enumerate() {
+            let d = dir.join(format!("bus/pci/devices/0000:00:0{i}.0"));
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("modalias"), format!("{alias}\n")).unwrap();
+        }
+        let gated = |hyperv| {
+            gate(
+                with_vpci.clone(),
+                &Devices::scan(&dir, hyperv, &with_vpci),
+                &[],
+            )
         };
         // Azure: an NVMe disk may still come through pci_hyperv, so no PCI driver is judged
-        let (kept, why) = gate(parse_list(&with_vpci), &d(Some(true)), &[]);
+        assert_eq!(
+            Devices::scan(&dir, Some(true), &with_vpci),
+            Devices {
+                pci: None,
+                virtio: None,
+                hyperv: Some(true)
+            }
+        );
+        let (kept, why) = gated(Some(true));
         assert!(why.is_empty(), "{why:?}");
-        assert_eq!(kept.len(), parse_list(&with_vpci).len());
+        assert_eq!(kept.len(), with_vpci.len());
         // arm64 (unknown): the same
-        assert!(gate(parse_list(&with_vpci), &d(None), &[]).1.is_empty());
+        assert!(gated(None).1.is_empty());
         // QEMU: pci_hyperv itself goes, and PCI is judged as before
-        let (_, why) = gate(parse_list(&with_vpci), &d(Some(false)), &[]);
+        let (_, why) = gated(Some(false));
         let names: Vec<&str> = why.iter().map(|(m, _)| m.as_str()).collect();
         assert!(
             names.contains(&"pci_hyperv") && names.contains(&"virtio_pci"),
             "{names:?}"
         );
+        // a list without pci_hyperv: PCI is read on Hyper-V too
+        let plain = parse_list(LIST);
+        assert!(Devices::scan(&dir, Some(true), &plain).pci.is_some());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -468,7 +482,7 @@ mod tests {
         dev("pci", "0000:00:01.1", QEMU_PC[0]);
         dev("pci", "0000:00:03.0", QEMU_PC[1]);
         dev("platform", "serial8250", "platform:serial8250");
-        let d = Devices::scan(&dir, Some(false));
+        let d = Devices::scan(&dir, Some(false), &[]);
         assert_eq!(d.pci.as_ref().map(Vec::len), Some(2));
         assert_eq!(
             d.virtio,
@@ -476,8 +490,8 @@ mod tests {
         );
         // a virtio-mmio transport: its devices are not known before it probes
         dev("platform", "LNRO0005:00", "acpi:LNRO0005:");
-        assert_eq!(Devices::scan(&dir, Some(false)).virtio, None);
+        assert_eq!(Devices::scan(&dir, Some(false), &[]).virtio, None);
         fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(Devices::scan(&dir, None), Devices::default());
+        assert_eq!(Devices::scan(&dir, None, &[]), Devices::default());
     }
 }

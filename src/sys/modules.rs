@@ -70,7 +70,7 @@ pub struct Module {
 }
 
 /// `name` as the kernel spells it: dashes become underscores.
-fn norm(n: &str) -> String {
+pub fn norm(n: &str) -> String {
     n.replace('-', "_")
 }
 
