@@ -64,26 +64,23 @@ pub fn decompress(data: &[u8], limit: usize) -> Result<Vec<u8>, Lz4Error> {
             .ok_or(Lz4Error::Truncated { at })?;
         let block = data.get(at..end).ok_or(Lz4Error::Truncated { at })?;
         let room = limit.saturating_sub(out.len()).min(BLOCK_MAX);
-        block_into(block, &mut out, room).map_err(|e| match e {
-            Lz4Error::Truncated { at: i } => Lz4Error::Truncated { at: at + i },
-            Lz4Error::Corrupt { at: i } => Lz4Error::Corrupt { at: at + i },
-            Lz4Error::Magic => Lz4Error::Magic,
-        })?;
+        block_into(block, at, &mut out, room)?;
         at = end;
     }
     Ok(out)
 }
 
-/// A length that goes on in 255-valued bytes after a nibble of 15.
-fn length(block: &[u8], i: &mut usize, nibble: u8) -> Result<usize, Lz4Error> {
+/// A length that goes on in 255-valued bytes after a nibble of 15; errors name the byte of
+/// the input (`base` is the block's offset in it).
+fn length(block: &[u8], base: usize, i: &mut usize, nibble: u8) -> Result<usize, Lz4Error> {
     let mut n = usize::from(nibble);
     if nibble == 15 {
         loop {
-            let b = *block.get(*i).ok_or(Lz4Error::Truncated { at: *i })?;
+            let b = *block.get(*i).ok_or(Lz4Error::Truncated { at: base + *i })?;
             *i += 1;
             n = n
                 .checked_add(usize::from(b))
-                .ok_or(Lz4Error::Corrupt { at: *i })?;
+                .ok_or(Lz4Error::Corrupt { at: base + *i })?;
             if b != 255 {
                 break;
             }
@@ -92,20 +89,23 @@ fn length(block: &[u8], i: &mut usize, nibble: u8) -> Result<usize, Lz4Error> {
     Ok(n)
 }
 
-/// Appends one block's output to `out`, at most `room` bytes. Matches may reach back into
-/// earlier blocks: the legacy format's blocks are independent, but nothing is lost by
-/// allowing it, and offsets are checked against the whole output.
-fn block_into(block: &[u8], out: &mut Vec<u8>, room: usize) -> Result<(), Lz4Error> {
+/// Appends one block's output to `out`, at most `room` bytes; `base` is the block's offset in
+/// the input, so errors name the byte of the input. Matches may reach back into earlier
+/// blocks: the legacy format's blocks are independent, but nothing is lost by allowing it,
+/// and offsets are checked against the whole output.
+fn block_into(block: &[u8], base: usize, out: &mut Vec<u8>, room: usize) -> Result<(), Lz4Error> {
+    let truncated = |i: usize| Lz4Error::Truncated { at: base + i };
+    let corrupt = |i: usize| Lz4Error::Corrupt { at: base + i };
     let start = out.len();
     let mut i = 0;
     while i < block.len() {
-        let token = block.get(i).copied().ok_or(Lz4Error::Truncated { at: i })?;
+        let token = block.get(i).copied().ok_or(truncated(i))?;
         i += 1;
-        let lit = length(block, &mut i, token >> 4)?;
-        let lit_end = i.checked_add(lit).ok_or(Lz4Error::Corrupt { at: i })?;
-        let literals = block.get(i..lit_end).ok_or(Lz4Error::Truncated { at: i })?;
+        let lit = length(block, base, &mut i, token >> 4)?;
+        let lit_end = i.checked_add(lit).ok_or(corrupt(i))?;
+        let literals = block.get(i..lit_end).ok_or(truncated(i))?;
         if out.len() - start + lit > room {
-            return Err(Lz4Error::Corrupt { at: i });
+            return Err(corrupt(i));
         }
         out.extend_from_slice(literals);
         i = lit_end;
@@ -115,17 +115,17 @@ fn block_into(block: &[u8], out: &mut Vec<u8>, room: usize) -> Result<(), Lz4Err
         let off: [u8; 2] = block
             .get(i..i + 2)
             .and_then(|b| b.try_into().ok())
-            .ok_or(Lz4Error::Truncated { at: i })?;
+            .ok_or(truncated(i))?;
         let offset = usize::from(u16::from_le_bytes(off));
         i += 2;
         if offset == 0 || offset > out.len() {
-            return Err(Lz4Error::Corrupt { at: i - 2 });
+            return Err(corrupt(i - 2));
         }
-        let len = length(block, &mut i, token & 15)?
+        let len = length(block, base, &mut i, token & 15)?
             .checked_add(4)
-            .ok_or(Lz4Error::Corrupt { at: i })?;
+            .ok_or(corrupt(i))?;
         if out.len() - start + len > room {
-            return Err(Lz4Error::Corrupt { at: i });
+            return Err(corrupt(i));
         }
         // An overlapping match (offset < len) repeats the last `offset` bytes: the output
         // from `from` on is periodic, so copying from `from` again and again, each time all
@@ -245,6 +245,9 @@ mod tests {
             decompress(&back, 100),
             Err(Lz4Error::Corrupt { .. })
         ));
+        // an error names the byte of the input: the second block's offset 0 is at byte 16
+        let second = frame(&[&[0x10, b'a'], &[0x10, b'b', 0, 0]]);
+        assert_eq!(decompress(&second, 100), Err(Lz4Error::Corrupt { at: 16 }));
         // offset 0
         let zero = frame(&[&[0x10, b'a', 0, 0]]);
         assert!(matches!(
