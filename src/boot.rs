@@ -147,7 +147,7 @@ pub fn main() -> ! {
 
     // A new VM's host keys are made from here on, on idle CPU only: the RSA search takes a
     // fraction of a second natively, and the module stage mostly waits on devices.
-    let opts = Options::pid1(PathBuf::from(SYSROOT), &cfg);
+    let mut opts = Options::pid1(PathBuf::from(SYSROOT), &cfg);
     let keygen = early_keygen(&opts);
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.
@@ -155,8 +155,10 @@ pub fn main() -> ! {
     let root = mount_root(&cfg, &mut modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Check the handover target before provisioning writes anything into the root.
     let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
-    // The NIC and CD drivers are in once every module is.
-    let loader = modules.loader();
+    // The NIC and CD drivers are in once every module is; the media stage loads iso9660 on
+    // demand.
+    let loader = modules.on_demand();
+    opts.fs_modules = loader.clone();
     provision_root(&opts, keygen);
     process::reap();
     if cfg.read_only {
@@ -291,7 +293,10 @@ impl Modules {
     fn needed_for(&self, fstype: Option<&str>) -> bool {
         match fstype {
             Some(t) => self.deferred.iter().any(|d| d == t),
-            None => !self.deferred.is_empty(),
+            None => self
+                .deferred
+                .iter()
+                .any(|d| ROOT_FS_FALLBACK.contains(&d.as_str())),
         }
     }
 
@@ -304,6 +309,12 @@ impl Modules {
             }));
         }
         self.loader.get_or_insert_with(modules::Loader::default)
+    }
+
+    /// The loader, once every module of the first round is in, for the stages after the root.
+    fn on_demand(mut self) -> modules::OnDemand {
+        self.loader();
+        modules::OnDemand::new(self.loader.take().unwrap_or_default())
     }
 }
 
@@ -351,7 +362,7 @@ fn mount_root(cfg: &Config, modules: &mut Modules) -> Result<PathBuf, BootError>
     let _ = fs::create_dir_all(SYSROOT);
     let fstype = cfg.rootfstype.as_deref().or(probed);
     if modules.needed_for(fstype) {
-        modules.loader().load_for_fs(fstype);
+        modules.loader().load_for_fs(fstype, "the root filesystem");
     }
     let types: Vec<&str> = match (&cfg.rootfstype, probed) {
         (Some(t), _) => vec![t.as_str()],

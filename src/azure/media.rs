@@ -3,6 +3,7 @@
 //! ovf-env.xml, and always unmount.
 
 use crate::deadline::Deadline;
+use crate::sys::modules::OnDemand;
 use crate::sys::mount::{self, DriveStatus, MntFlags, MsFlags};
 use crate::sys::Errno;
 use std::fs;
@@ -153,15 +154,21 @@ pub fn has_udf(device: &Path) -> Option<bool> {
     )
 }
 
-/// Mounts `device` as udf, then iso9660. A disc whose recognition sequence names no UDF
-/// ([`has_udf`]) is not tried as udf: the kernel would log a page of errors for it.
-fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), MediaError> {
+/// Mounts `device` as udf, then iso9660, each type's module loaded first when it waits in
+/// `modules` (PID 1's isofs). A disc whose recognition sequence names no UDF ([`has_udf`]) is
+/// not tried as udf: the kernel would log a page of errors for it.
+fn mount_any(
+    device: &Path,
+    at: &Path,
+    modules: &OnDemand,
+) -> Result<(Mounted, &'static str), MediaError> {
     let mut errors = Vec::new();
     let udf = has_udf(device);
     for fstype in FS_TYPES {
         if fstype == "udf" && udf == Some(false) {
             continue;
         }
+        modules.load_for_fs(fstype);
         match mount::mount(
             device,
             at,
@@ -188,11 +195,13 @@ fn mount_any(device: &Path, at: &Path) -> Result<(Mounted, &'static str), MediaE
 
 /// Reads ovf-env.xml from the first drive that has it. `drives` are checked with the CD-ROM
 /// ioctl and retried while they report no disc yet (bounded by `deadline`); `extra` devices
-/// (`--media`) are mounted as given. Ok(None): no media at all, normal on later boots.
+/// (`--media`) are mounted as given; `modules` loads a filesystem module that waits for its
+/// first mount. Ok(None): no media at all, normal on later boots.
 pub fn read_ovf(
     drives: &[PathBuf],
     extra: &[PathBuf],
     deadline: Deadline,
+    modules: &OnDemand,
 ) -> Result<Option<(String, Vec<u8>)>, MediaError> {
     if drives.is_empty() && extra.is_empty() {
         return Ok(None);
@@ -210,7 +219,7 @@ pub fn read_ovf(
         if is_drive && !disc_ready(device, deadline) {
             continue;
         }
-        let (guard, fstype) = match mount_any(device, at) {
+        let (guard, fstype) = match mount_any(device, at, modules) {
             Ok(m) => m,
             Err(e) => {
                 log::debug!("{e}");
@@ -376,7 +385,12 @@ mod tests {
     #[test]
     fn no_media_is_normal() {
         assert!(matches!(
-            read_ovf(&[], &[], Deadline::after(Duration::from_secs(1))),
+            read_ovf(
+                &[],
+                &[],
+                Deadline::after(Duration::from_secs(1)),
+                &OnDemand::default()
+            ),
             Ok(None)
         ));
     }

@@ -33,7 +33,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
                 return Err(usage(format!("--device {dev}: no such device")));
             }
             let deadline = Deadline::after(Duration::from_secs(10));
-            match crate::azure::media::read_ovf(&[], &[dev.into()], deadline) {
+            match crate::azure::media::read_ovf(&[], &[dev.into()], deadline, &Default::default()) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Err(usage(format!("{dev}: no ovf-env.xml on it"))),
                 Err(e) => return Err(usage(e.to_string())),

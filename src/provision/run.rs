@@ -14,6 +14,7 @@ use crate::azure::{imds, media, platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
 use crate::net::dhclient::{self, DhcpError, Prepared};
+use crate::sys::modules::OnDemand;
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,9 @@ pub struct Options {
     pub remount: bool,
     /// New SSH host keys for a new VM (`azprov.hostkeys=keep` / `--keep-host-keys`: false).
     pub host_keys: bool,
+    /// PID 1: the module loader, for a CD filesystem whose module waits until it is needed
+    /// (iso9660). Hook mode: none; the kernel loads what a mount needs.
+    pub fs_modules: OnDemand,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -92,6 +96,7 @@ impl Options {
             cdrom_settle: CDROM_SETTLE,
             remount: true,
             host_keys: true,
+            fs_modules: OnDemand::default(),
         }
     }
 
@@ -236,7 +241,7 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
         }
         MediaSource::Devices(extra) => {
             let drives = media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle);
-            match media::read_ovf(&drives, extra, deadline) {
+            match media::read_ovf(&drives, extra, deadline, &opts.fs_modules) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(Failure::new(Reason::MediaRead, e)),

@@ -1,9 +1,10 @@
 //! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep | alias
 //! alias`, load order), loaded with finit_module on a few threads at once, each module once its
-//! dependencies are in. Root filesystem modules (xfs, btrfs, ext4 when modular) and the
-//! dependencies only they need are deferred until the root's type is known: under QEMU TCG
-//! xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s of a 2.1 s module stage, and a root
-//! needs at most one of them. A `.ko.lz4` in the list (how mkinitramfs stores those) is
+//! dependencies are in. Filesystem modules that a boot may not need, and the dependencies only
+//! they need, are deferred until a filesystem of theirs is to be mounted: the root's (xfs,
+//! btrfs, ext4 when modular; under QEMU TCG xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s
+//! of a 2.1 s module stage, and a root needs at most one of them) and iso9660 (isofs), which
+//! only a provisioning CD without UDF needs (Azure's is UDF; [`OnDemand`]). A `.ko.lz4` in the list (how mkinitramfs stores those) is
 //! decompressed ([`super::lz4`]) and loaded with init_module. Which listed drivers load at all
 //! is [`super::modalias`]'s call.
 //!
@@ -19,7 +20,7 @@ use nix::errno::Errno;
 use nix::kmod::{finit_module, init_module, ModuleInitFlags};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 /// The most a compressed module may decompress to (xfs, the largest, is 4.2 MB).
@@ -58,6 +59,17 @@ fn threads() -> usize {
 
 /// Filesystems that can hold the root; their modules wait for `load_for_fs`.
 const ROOT_FS: [&str; 3] = ["ext4", "xfs", "btrfs"];
+/// Filesystem modules that wait for `load_for_fs` too: iso9660, for a provisioning CD without
+/// UDF (Azure Stack's); Azure's CD is UDF, so udf loads with the drivers.
+const ON_DEMAND_FS: [&str; 1] = ["isofs"];
+
+/// The module that brings filesystem type `fstype`.
+fn fs_module(fstype: &str) -> &str {
+    match fstype {
+        "iso9660" => "isofs",
+        t => t,
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Module {
@@ -98,12 +110,13 @@ pub fn parse_list(text: &str) -> Vec<Module> {
         .collect()
 }
 
-/// Splits the list into what loads now and what waits for the root's filesystem type: the
-/// root filesystem modules, and their dependencies that nothing loaded now needs.
+/// Splits the list into what loads now and what waits until a filesystem of its type is to be
+/// mounted: the root filesystem modules and isofs, and their dependencies that nothing loaded
+/// now needs.
 pub fn split_deferred(list: Vec<Module>) -> (Vec<Module>, Vec<Module>) {
     let mut deferred: Vec<String> = list
         .iter()
-        .filter(|m| ROOT_FS.contains(&m.name.as_str()))
+        .filter(|m| ROOT_FS.contains(&m.name.as_str()) || ON_DEMAND_FS.contains(&m.name.as_str()))
         .map(|m| m.name.clone())
         .collect();
     let needed_now: Vec<&String> = list
@@ -381,33 +394,78 @@ impl Loader {
         }
     }
 
-    /// Loads the deferred module for `fstype` and what it needs; with no type, all of them.
-    pub fn load_for_fs(&mut self, fstype: Option<&str>) {
-        let wanted: Vec<Module> = match fstype {
-            None => std::mem::take(&mut self.deferred),
-            Some(t) => {
-                let Some(m) = self.deferred.iter().find(|m| m.name == t) else {
-                    return;
-                };
-                let mut names = m.deps.clone();
-                names.push(m.name.clone());
-                let (take, keep): (Vec<Module>, Vec<Module>) = std::mem::take(&mut self.deferred)
-                    .into_iter()
-                    .partition(|m| names.contains(&m.name));
-                self.deferred = keep;
-                take
-            }
-        };
+    /// Loads the deferred module for filesystem type `fstype` and what it needs; with no type
+    /// (a root whose type is not known), every root filesystem module. `what` names the
+    /// filesystem in the log line.
+    pub fn load_for_fs(&mut self, fstype: Option<&str>, what: &str) {
+        let wanted = self.take_deferred(fstype);
         if !wanted.is_empty() {
             let t = Instant::now();
             self.load(&wanted);
             let names: Vec<&str> = wanted.iter().map(|m| m.name.as_str()).collect();
             log::info!(
-                "modules: {} ms: {} for the root filesystem",
+                "modules: {} ms: {} for {what}",
                 t.elapsed().as_millis(),
                 names.join(" ")
             );
         }
+    }
+
+    /// Takes the deferred modules `load_for_fs(fstype)` loads out of `deferred`.
+    fn take_deferred(&mut self, fstype: Option<&str>) -> Vec<Module> {
+        let names: Vec<String> = self
+            .deferred
+            .iter()
+            .filter(|m| match fstype {
+                Some(t) => m.name == fs_module(t),
+                None => ROOT_FS.contains(&m.name.as_str()),
+            })
+            .flat_map(|m| m.deps.iter().chain([&m.name]).cloned())
+            .collect();
+        let (take, keep) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|m| names.contains(&m.name));
+        self.deferred = keep;
+        take
+    }
+}
+
+/// The loader once the first round is in, shared with the stages that mount a filesystem whose
+/// module may be deferred (the media stage's iso9660): `load_for_fs` on demand. Hook mode has
+/// none (the default): the kernel's request_module loads what a mount needs there.
+#[derive(Clone, Default)]
+pub struct OnDemand(Option<Arc<Mutex<Loader>>>);
+
+impl OnDemand {
+    pub fn new(loader: Loader) -> Self {
+        OnDemand(Some(Arc::new(Mutex::new(loader))))
+    }
+
+    /// Loads the deferred module for filesystem type `fstype`, if there is one.
+    pub fn load_for_fs(&self, fstype: &str) {
+        if let Some(l) = &self.0 {
+            let mut l = l.lock().unwrap_or_else(PoisonError::into_inner);
+            l.load_for_fs(Some(fstype), fstype);
+        }
+    }
+
+    /// [`Loader::restore_scsi_scan`].
+    pub fn restore_scsi_scan(&self) {
+        if let Some(l) = &self.0 {
+            l.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .restore_scsi_scan();
+        }
+    }
+}
+
+impl std::fmt::Debug for OnDemand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "OnDemand(loader)"
+        } else {
+            "OnDemand(none)"
+        })
     }
 }
 
@@ -519,6 +577,30 @@ mod tests {
             names(&later),
             ["libcrc32c", "xfs", "zstd_compress", "btrfs"]
         );
+    }
+
+    #[test]
+    fn iso9660_waits_until_a_cd_needs_it_and_an_unknown_root_type_leaves_it() {
+        let list = "\
+/k/drivers/cdrom/cdrom.ko:
+/k/drivers/scsi/sr_mod.ko: cdrom
+/k/fs/isofs/isofs.ko: cdrom
+/k/lib/libcrc32c.ko:
+/k/fs/xfs/xfs.ko: libcrc32c
+";
+        let (now, later) = split_deferred(parse_list(list));
+        // cdrom is sr_mod's too: it loads now
+        assert_eq!(names(&now), ["cdrom", "sr_mod"]);
+        assert_eq!(names(&later), ["isofs", "libcrc32c", "xfs"]);
+        let mut loader = Loader::new(later, Vec::new());
+        // a root whose type is unknown takes every root filesystem, not the CD's
+        assert_eq!(names(&loader.take_deferred(None)), ["libcrc32c", "xfs"]);
+        assert_eq!(
+            names(&loader.take_deferred(Some("udf"))),
+            Vec::<&str>::new()
+        );
+        assert_eq!(names(&loader.take_deferred(Some("iso9660"))), ["isofs"]);
+        assert!(loader.deferred.is_empty());
     }
 
     #[test]
