@@ -15,17 +15,20 @@ pub struct Written {
 /// Writes all of `data` into the root as docs/DESIGN.md §3 lists it, the marker last, in two
 /// chains beside each other: the account (user, then its keys, then sudoers: no sudoers line
 /// for a user name that was refused) and the system files (hostname, sshd, custom data, user
-/// data, the IMDS document). Each file is fsynced, renamed and its directory fsynced as before;
-/// two chains let the journal commit both threads' changes together. When both fail, the
-/// reason is the failed step that comes first in the contract's order. Each step's failure has
-/// its own [`Reason`]. `hash` is `data.password` hashed already ([`hash_password`]); when it is
-/// None the password is hashed here.
+/// data, the IMDS document). Each file is fsynced and renamed; the directories' fsyncs are one
+/// syncfs of the root's filesystem before the marker ([`Sysroot::batch`]), so every file is the
+/// old or the new one after a crash and all are on disk before the marker says so. Two chains
+/// let the journal commit both threads' changes together. When both fail, the reason is the
+/// failed step that comes first in the contract's order. Each step's failure has its own
+/// [`Reason`]; a failed syncfs is the marker's. `hash` is `data.password` hashed already
+/// ([`hash_password`]); when it is None the password is hashed here.
 pub fn write_all(
     root: &Sysroot,
     data: &ProvisioningData,
     hash: Option<Result<Secret<String>, WriteError>>,
     vm_id: &str,
 ) -> Result<Written, Failure> {
+    let batch = root.batch();
     let (account, system) = std::thread::scope(|s| {
         let account = s.spawn(|| write_account(root, data, hash));
         let system = write_system(root, data);
@@ -39,6 +42,10 @@ pub fn write_all(
         (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
         (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
     };
+    batch
+        .sync()
+        .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
+    drop(batch);
     root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
         .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
     Ok(Written {
@@ -172,6 +179,23 @@ mod tests {
             "vm-1\n"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn the_renames_reach_the_disk_with_one_syncfs_before_passwd_and_one_before_the_marker() {
+        let (dir, root) = seeded("chains-batch");
+        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        // inside the batch no rename fsynced its directory; the marker, after it, did
+        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 1);
+        assert_eq!(root.syncfs_calls.load(Ordering::SeqCst), 2);
+        assert!(dir.join("var/lib/azprov/provisioned").exists());
+        // the batch ended with write_all: a later write syncs its directory again
+        root.write("/etc/motd", b"hi\n", 0o644, (0, 0)).unwrap();
+        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! mount(2) and umount2(2) through nix, and the CD-ROM drive status ioctl.
+//! mount(2), umount2(2) and syncfs(2) through nix, and the CD-ROM drive status ioctl.
 
 use nix::errno::Errno;
 use nix::sys::statvfs::{statvfs, FsFlags};
@@ -21,6 +21,13 @@ pub fn mount(
 
 pub fn umount(target: &Path, flags: MntFlags) -> Result<(), Errno> {
     nix::mount::umount2(target, flags)
+}
+
+/// syncfs(2) of the filesystem that holds `path`: its data and metadata are on disk when it
+/// returns Ok (write errors since the last syncfs are reported, Linux 5.8 and later).
+pub fn syncfs(path: &Path) -> Result<(), Errno> {
+    let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
+    nix::unistd::syncfs(&f)
 }
 
 /// A filesystem found read-only and remounted read-write; read-only again when dropped, on

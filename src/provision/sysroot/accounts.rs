@@ -262,12 +262,14 @@ impl Sysroot {
                 shadow.push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
             }
         }
-        // group and gshadow first, so a passwd entry never names a missing group
+        // group and gshadow first (on disk before passwd in a batch too), so a passwd entry
+        // never names a missing group
         self.rewrite("/etc/group", &group.bytes(), 0o644)?;
         if gshadow_present {
             self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
         }
         self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
+        self.barrier()?;
         self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
 
         if !self.exists(&account.home) {
@@ -337,9 +339,10 @@ impl Sysroot {
     }
 
     /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it
-    /// and renamed into place, the parent fsynced: a run cut short leaves no half-filled home
-    /// that the next run would take as done (it only fills a home that does not exist). A
-    /// temporary left by such a run is removed first.
+    /// (each file and then each directory fsynced) and renamed into place, the parent fsynced
+    /// (or with the batch): a run cut short leaves no half-filled home that the next run would
+    /// take as done (it only fills a home that does not exist). A temporary left by such a run
+    /// is removed first.
     fn make_home(&self, account: &Account) -> Result<(), WriteError> {
         let owner = (account.uid, account.gid);
         let name = Path::new(&account.home)
@@ -359,10 +362,12 @@ impl Sysroot {
         }
         let home = self.resolve(&account.home)?;
         fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
-        super::sync_dir(&self.resolve(&parent)?)
+        self.sync_dir_unless_batched(&self.resolve(&parent)?)
     }
 }
 
+/// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept), each
+/// file fsynced before its rename and each directory once it is filled.
 fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
     for entry in fs::read_dir(from).map_err(io_err("read", from))? {
         let entry = entry.map_err(io_err("read", from))?;
@@ -376,7 +381,6 @@ fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError
             fs::create_dir(&dst).map_err(io_err("mkdir", &dst))?;
             fs::set_permissions(&dst, fs::Permissions::from_mode(md.mode() & 0o7777))
                 .map_err(io_err("chmod", &dst))?;
-            copy_tree(&src, &dst, owner)?;
         } else if md.is_file() {
             let data = fs::read(&src).map_err(io_err("read", &src))?;
             write_atomic(&dst, &data, md.mode() & 0o7777, owner)?;
@@ -386,6 +390,9 @@ fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError
         }
         std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &dst))?;
+        if md.is_dir() {
+            copy_tree(&src, &dst, owner)?;
+        }
     }
-    Ok(())
+    super::sync_dir(to)
 }

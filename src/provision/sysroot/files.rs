@@ -2,7 +2,7 @@
 //! drop-ins, and azprov's state directory.
 
 use super::accounts::Account;
-use super::{io_err, write_atomic, Sysroot, WriteError, MARKER, STATE_DIR};
+use super::{io_err, Sysroot, WriteError, MARKER, STATE_DIR};
 use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
 use std::fs;
 use std::io;
@@ -145,7 +145,7 @@ impl Sysroot {
             }
             let mut text = lines.join("\n");
             text.push('\n');
-            write_atomic(&p, text.as_bytes(), 0o600, owner)
+            self.replace(&p, text.as_bytes(), 0o600, owner)
         }
     }
 

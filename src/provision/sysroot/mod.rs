@@ -1,7 +1,7 @@
 //! The mounted real root (docs/DESIGN.md §3): paths resolved inside it the way a chroot would
 //! see them (a symlink that would lead out of it is refused), and atomic writes (temp file in
-//! the same directory, fsync, rename, fsync of the directory) with mode and owner set before
-//! the rename. The account files are edited in `accounts`, the other files of the contract
+//! the same directory, fsync, rename, fsync of the directory, or in a batch one syncfs for all
+//! the renames) with mode and owner set before the rename. The account files are edited in `accounts`, the other files of the contract
 //! written in `files`. No useradd, passwd or hostnamectl: an initramfs has none of them.
 
 mod accounts;
@@ -15,6 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const MARKER: &str = "/var/lib/azprov/provisioned";
 pub const STATE_DIR: &str = "/var/lib/azprov";
@@ -91,17 +92,30 @@ pub(super) fn io_err<'a>(
 /// The mounted real root, and every write azprov makes into it.
 pub struct Sysroot {
     root: PathBuf,
+    /// Inside a [`Sysroot::batch`]: an atomic write leaves its directory's fsync to the batch's
+    /// one syncfs ([`Batch::sync`]).
+    batched: AtomicBool,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
+    /// Tests: the directory fsyncs a rename got at once, and the syncfs calls.
+    #[cfg(test)]
+    pub(crate) dir_syncs: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    pub(crate) syncfs_calls: std::sync::atomic::AtomicUsize,
 }
 
 impl Sysroot {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Sysroot {
             root: root.into(),
+            batched: AtomicBool::new(false),
             #[cfg(test)]
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            #[cfg(test)]
+            dir_syncs: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            syncfs_calls: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -125,6 +139,43 @@ impl Sysroot {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Until the returned batch is dropped, atomic writes fsync each file before its rename but
+    /// leave the directories' fsyncs to [`Batch::sync`], one syncfs of the root's filesystem:
+    /// every file is still the old or the new one after a crash, and all of them are on disk
+    /// once `sync` returns. Where an order on disk matters inside the batch, `sync` in between.
+    pub fn batch(&self) -> Batch<'_> {
+        self.batched.store(true, Ordering::SeqCst);
+        Batch(self)
+    }
+
+    /// fsync of `dir` now, unless a batch's syncfs will do it.
+    fn sync_dir_unless_batched(&self, dir: &Path) -> Result<(), WriteError> {
+        if self.batched.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        #[cfg(test)]
+        self.dir_syncs.fetch_add(1, Ordering::SeqCst);
+        sync_dir(dir)
+    }
+
+    /// Whatever was renamed so far is on disk before anything renamed after: nothing to do
+    /// outside a batch (each rename's directory is fsynced already), a syncfs inside one.
+    pub(super) fn barrier(&self) -> Result<(), WriteError> {
+        if self.batched.load(Ordering::SeqCst) {
+            self.syncfs()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// syncfs(2) of the root's filesystem.
+    fn syncfs(&self) -> Result<(), WriteError> {
+        #[cfg(test)]
+        self.syncfs_calls.fetch_add(1, Ordering::SeqCst);
+        crate::sys::mount::syncfs(&self.root)
+            .map_err(|e| io_err("syncfs", &self.root)(io::Error::from_raw_os_error(e as i32)))
     }
 
     /// Maps an absolute path of the root's own view (`/etc/passwd`) to a host path, following
@@ -275,7 +326,19 @@ impl Sysroot {
         #[cfg(test)]
         self.injected_fault(path)?;
         let p = self.resolve(path)?;
-        write_atomic(&p, data, mode, owner)
+        self.replace(&p, data, mode, owner)
+    }
+
+    /// [`write_atomic`], then the directory's fsync (or the batch's).
+    pub(super) fn replace(
+        &self,
+        p: &Path,
+        data: &[u8],
+        mode: u32,
+        owner: (u32, u32),
+    ) -> Result<(), WriteError> {
+        write_atomic(p, data, mode, owner)?;
+        self.sync_dir_unless_batched(parent(p)?)
     }
 
     /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…). A
@@ -295,7 +358,24 @@ impl Sysroot {
             Ok(md) => (md.mode() & 0o7777, (md.uid(), md.gid())),
             Err(_) => (default_mode, (0, 0)),
         };
-        write_atomic(&p, data, mode, owner)
+        self.replace(&p, data, mode, owner)
+    }
+}
+
+/// Atomic writes whose directories are fsynced together ([`Sysroot::batch`]).
+pub struct Batch<'a>(&'a Sysroot);
+
+impl Batch<'_> {
+    /// syncfs(2) of the root's filesystem: every rename so far, and everything else written
+    /// there, is on disk when it returns Ok.
+    pub fn sync(&self) -> Result<(), WriteError> {
+        self.0.syncfs()
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.0.batched.store(false, Ordering::SeqCst);
     }
 }
 
@@ -306,11 +386,15 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), WriteError> {
         .map_err(io_err("fsync", dir))
 }
 
-/// temp file in the same directory, mode and owner set, fsync, rename, fsync the directory.
+fn parent(p: &Path) -> Result<&Path, WriteError> {
+    p.parent()
+        .ok_or_else(|| WriteError::Corrupt(format!("{} has no parent", p.display())))
+}
+
+/// temp file in the same directory, mode and owner set, fsync, rename; the directory's fsync is
+/// the caller's ([`Sysroot::replace`]: now, or with its batch).
 pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Result<(), WriteError> {
-    let dir = p
-        .parent()
-        .ok_or_else(|| WriteError::Corrupt(format!("{} has no parent", p.display())))?;
+    let dir = parent(p)?;
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -331,8 +415,7 @@ pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Resu
         std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &tmp))?;
         f.sync_all().map_err(io_err("fsync", &tmp))?;
-        fs::rename(&tmp, p).map_err(io_err("rename", p))?;
-        sync_dir(dir)
+        fs::rename(&tmp, p).map_err(io_err("rename", p))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
