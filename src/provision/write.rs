@@ -37,15 +37,16 @@ pub fn write_all(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (account, system)
     });
+    // what the chains wrote goes into place even when a step failed, as it would have one
+    // file at a time: the VM boots on for debugging with the hostname, the user…
+    let synced = batch.sync();
+    drop(batch);
     let account = match (account, system) {
         (Ok(a), Ok(())) => a,
         (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
         (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
     };
-    batch
-        .sync()
-        .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
-    drop(batch);
+    synced.map_err(|e| Failure::new(Reason::WriteMarker, e))?;
     root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
         .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
     Ok(Written {
@@ -186,13 +187,21 @@ mod tests {
         azprov_unprivileged,
         ignore = "needs root (runs as root and under CI=true)"
     )]
-    fn the_renames_reach_the_disk_with_one_syncfs_before_passwd_and_one_before_the_marker() {
+    fn the_files_reach_the_disk_by_syncfs_before_passwd_the_home_and_the_marker() {
         let (dir, root) = seeded("chains-batch");
         write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
-        // inside the batch no rename fsynced its directory; the marker, after it, did
+        // inside the batch no rename fsynced its directory; the marker, after it, did. syncfs:
+        // before and after the group/shadow renames, before the home's rename, before and
+        // after the last renames
         assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 1);
-        assert_eq!(root.syncfs_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(root.syncfs_calls.load(Ordering::SeqCst), 5);
         assert!(dir.join("var/lib/azprov/provisioned").exists());
+        let left = std::process::Command::new("find")
+            .arg(&dir)
+            .args(["-name", "*.azprov-tmp"])
+            .output()
+            .unwrap();
+        assert!(left.stdout.is_empty(), "temporaries left: {left:?}");
         // the batch ended with write_all: a later write syncs its directory again
         root.write("/etc/motd", b"hi\n", 0o644, (0, 0)).unwrap();
         assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 2);
@@ -209,6 +218,11 @@ mod tests {
         assert_eq!(e.reason, Reason::InvalidUsername);
         assert!(!dir.join("etc/sudoers.d/90-azprov").exists());
         assert!(!dir.join("var/lib/azprov/provisioned").exists());
+        // the other chain's files are in place all the same
+        assert_eq!(
+            std::fs::read_to_string(dir.join("etc/hostname")).unwrap(),
+            "vm-chains\n"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

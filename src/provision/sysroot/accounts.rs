@@ -1,7 +1,7 @@
 //! The account files: passwd, shadow, group and gshadow edited in place, the password hashed
 //! with SHA-512 crypt, a new home filled from /etc/skel.
 
-use super::{io_err, write_atomic, Sysroot, WriteError};
+use super::{io_err, write_temp, Sysroot, WriteError};
 use crate::provision::data::Username;
 use crate::secret::Secret;
 use std::fs;
@@ -338,11 +338,11 @@ impl Sysroot {
         })
     }
 
-    /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it
-    /// (each file and then each directory fsynced) and renamed into place, the parent fsynced
-    /// (or with the batch): a run cut short leaves no half-filled home that the next run would
-    /// take as done (it only fills a home that does not exist). A temporary left by such a run
-    /// is removed first.
+    /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it,
+    /// made durable (each file and then each directory fsynced; in a batch one syncfs) and
+    /// renamed into place, the parent fsynced (or with the batch): a run cut short leaves no
+    /// half-filled home that the next run would take as done (it only fills a home that does
+    /// not exist). A temporary left by such a run is removed first.
     fn make_home(&self, account: &Account) -> Result<(), WriteError> {
         let owner = (account.uid, account.gid);
         let name = Path::new(&account.home)
@@ -357,8 +357,12 @@ impl Sysroot {
         let tmp_path = self.mkdir(&tmp, 0o750, owner)?;
         let skel = self.resolve("/etc/skel")?;
         // a real directory only: a symlinked skel could point anywhere on the host
+        let batched = self.batched();
         if fs::symlink_metadata(&skel).is_ok_and(|m| m.is_dir()) {
-            copy_tree(&skel, &tmp_path, owner)?;
+            copy_tree(&skel, &tmp_path, owner, !batched)?;
+        }
+        if batched {
+            self.syncfs()?;
         }
         let home = self.resolve(&account.home)?;
         fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
@@ -366,9 +370,9 @@ impl Sysroot {
     }
 }
 
-/// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept), each
-/// file fsynced before its rename and each directory once it is filled.
-fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
+/// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept); when
+/// `durable`, each file fsynced before its rename and each directory once it is filled.
+fn copy_tree(from: &Path, to: &Path, owner: (u32, u32), durable: bool) -> Result<(), WriteError> {
     for entry in fs::read_dir(from).map_err(io_err("read", from))? {
         let entry = entry.map_err(io_err("read", from))?;
         let src = entry.path();
@@ -383,7 +387,8 @@ fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError
                 .map_err(io_err("chmod", &dst))?;
         } else if md.is_file() {
             let data = fs::read(&src).map_err(io_err("read", &src))?;
-            write_atomic(&dst, &data, md.mode() & 0o7777, owner)?;
+            let tmp = write_temp(&dst, &data, md.mode() & 0o7777, owner, durable)?;
+            fs::rename(&tmp, &dst).map_err(io_err("rename", &dst))?;
             continue;
         } else {
             continue;
@@ -391,8 +396,11 @@ fn copy_tree(from: &Path, to: &Path, owner: (u32, u32)) -> Result<(), WriteError
         std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &dst))?;
         if md.is_dir() {
-            copy_tree(&src, &dst, owner)?;
+            copy_tree(&src, &dst, owner, durable)?;
         }
     }
-    super::sync_dir(to)
+    if durable {
+        super::sync_dir(to)?;
+    }
+    Ok(())
 }

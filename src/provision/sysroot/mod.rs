@@ -1,7 +1,7 @@
 //! The mounted real root (docs/DESIGN.md §3): paths resolved inside it the way a chroot would
 //! see them (a symlink that would lead out of it is refused), and atomic writes (temp file in
-//! the same directory, fsync, rename, fsync of the directory, or in a batch one syncfs for all
-//! the renames) with mode and owner set before the rename. The account files are edited in `accounts`, the other files of the contract
+//! the same directory, fsync, rename, fsync of the directory; in a batch, every temp file, one
+//! syncfs, the renames, one syncfs) with mode and owner set before the rename. The account files are edited in `accounts`, the other files of the contract
 //! written in `files`. No useradd, passwd or hostnamectl: an initramfs has none of them.
 
 mod accounts;
@@ -15,7 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 pub const MARKER: &str = "/var/lib/azprov/provisioned";
 pub const STATE_DIR: &str = "/var/lib/azprov";
@@ -92,9 +92,9 @@ pub(super) fn io_err<'a>(
 /// The mounted real root, and every write azprov makes into it.
 pub struct Sysroot {
     root: PathBuf,
-    /// Inside a [`Sysroot::batch`]: an atomic write leaves its directory's fsync to the batch's
-    /// one syncfs ([`Batch::sync`]).
-    batched: AtomicBool,
+    /// Inside a [`Sysroot::batch`]: the writes' temporaries and the files they replace, renamed
+    /// by the next [`Sysroot::barrier`] or [`Batch::sync`]. None outside a batch.
+    pending: Mutex<Option<Vec<(PathBuf, PathBuf)>>>,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
@@ -109,7 +109,7 @@ impl Sysroot {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Sysroot {
             root: root.into(),
-            batched: AtomicBool::new(false),
+            pending: Mutex::new(None),
             #[cfg(test)]
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
@@ -141,39 +141,67 @@ impl Sysroot {
         &self.root
     }
 
-    /// Until the returned batch is dropped, atomic writes fsync each file before its rename but
-    /// leave the directories' fsyncs to [`Batch::sync`], one syncfs of the root's filesystem:
-    /// every file is still the old or the new one after a crash, and all of them are on disk
-    /// once `sync` returns. Where an order on disk matters inside the batch, `sync` in between.
+    /// Until the returned batch is dropped, an atomic write leaves its temporary beside the file
+    /// it replaces, unsynced; the next [`Sysroot::barrier`] or [`Batch::sync`] makes all of them
+    /// durable with one syncfs, renames them into place and syncs again. Every file is still
+    /// the old or the new one after a crash, and all are on disk once `sync` returns. Where an
+    /// order on disk matters inside the batch, `barrier` in between. Reading a file back before
+    /// the barrier gives its old contents.
     pub fn batch(&self) -> Batch<'_> {
-        self.batched.store(true, Ordering::SeqCst);
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Vec::new());
         Batch(self)
+    }
+
+    fn batched(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 
     /// fsync of `dir` now, unless a batch's syncfs will do it.
     fn sync_dir_unless_batched(&self, dir: &Path) -> Result<(), WriteError> {
-        if self.batched.load(Ordering::SeqCst) {
+        if self.batched() {
             return Ok(());
         }
         #[cfg(test)]
-        self.dir_syncs.fetch_add(1, Ordering::SeqCst);
+        self.dir_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         sync_dir(dir)
     }
 
-    /// Whatever was renamed so far is on disk before anything renamed after: nothing to do
-    /// outside a batch (each rename's directory is fsynced already), a syncfs inside one.
+    /// Whatever was written so far is on disk, in place, before anything written after:
+    /// nothing to do outside a batch (each write is), inside one a syncfs, the renames waiting
+    /// so far, and a syncfs.
     pub(super) fn barrier(&self) -> Result<(), WriteError> {
-        if self.batched.load(Ordering::SeqCst) {
-            self.syncfs()
-        } else {
-            Ok(())
+        let waiting = match self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            Some(list) => std::mem::take(list),
+            None => return Ok(()),
+        };
+        self.syncfs()?;
+        let mut renamed = waiting.into_iter();
+        for (tmp, target) in renamed.by_ref() {
+            if let Err(e) = fs::rename(&tmp, &target) {
+                let _ = fs::remove_file(&tmp);
+                for (tmp, _) in renamed {
+                    let _ = fs::remove_file(&tmp);
+                }
+                return Err(io_err("rename", &target)(e));
+            }
         }
+        self.syncfs()
     }
 
     /// syncfs(2) of the root's filesystem.
     fn syncfs(&self) -> Result<(), WriteError> {
         #[cfg(test)]
-        self.syncfs_calls.fetch_add(1, Ordering::SeqCst);
+        self.syncfs_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         crate::sys::mount::syncfs(&self.root)
             .map_err(|e| io_err("syncfs", &self.root)(io::Error::from_raw_os_error(e as i32)))
     }
@@ -329,7 +357,8 @@ impl Sysroot {
         self.replace(&p, data, mode, owner)
     }
 
-    /// [`write_atomic`], then the directory's fsync (or the batch's).
+    /// [`write_atomic`] and the directory's fsync; inside a batch the temporary only, renamed
+    /// by the batch ([`Sysroot::batch`]).
     pub(super) fn replace(
         &self,
         p: &Path,
@@ -337,8 +366,27 @@ impl Sysroot {
         mode: u32,
         owner: (u32, u32),
     ) -> Result<(), WriteError> {
-        write_atomic(p, data, mode, owner)?;
-        self.sync_dir_unless_batched(parent(p)?)
+        if !self.batched() {
+            write_atomic(p, data, mode, owner)?;
+            return self.sync_dir_unless_batched(parent(p)?);
+        }
+        let tmp = write_temp(p, data, mode, owner, false)?;
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        match pending.as_mut() {
+            // written twice in one batch: the one temporary holds the last contents
+            Some(list) if list.iter().any(|(_, t)| t == p) => {}
+            Some(list) => list.push((tmp, p.to_path_buf())),
+            // the batch ended while this was written: in place at once, as outside one
+            None => {
+                drop(pending);
+                File::open(&tmp)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io_err("fsync", &tmp))?;
+                fs::rename(&tmp, p).map_err(io_err("rename", p))?;
+                return sync_dir(parent(p)?);
+            }
+        }
+        Ok(())
     }
 
     /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…). A
@@ -366,16 +414,25 @@ impl Sysroot {
 pub struct Batch<'a>(&'a Sysroot);
 
 impl Batch<'_> {
-    /// syncfs(2) of the root's filesystem: every rename so far, and everything else written
-    /// there, is on disk when it returns Ok.
+    /// [`Sysroot::barrier`]: every file written in the batch is in place and on disk when it
+    /// returns Ok.
     pub fn sync(&self) -> Result<(), WriteError> {
-        self.0.syncfs()
+        self.0.barrier()
     }
 }
 
 impl Drop for Batch<'_> {
+    /// Ends the batch; temporaries no `sync` renamed (it failed, or never ran) are removed.
     fn drop(&mut self) {
-        self.0.batched.store(false, Ordering::SeqCst);
+        let left = self
+            .0
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        for (tmp, _) in left.unwrap_or_default() {
+            let _ = fs::remove_file(tmp);
+        }
     }
 }
 
@@ -392,8 +449,24 @@ fn parent(p: &Path) -> Result<&Path, WriteError> {
 }
 
 /// temp file in the same directory, mode and owner set, fsync, rename; the directory's fsync is
-/// the caller's ([`Sysroot::replace`]: now, or with its batch).
+/// the caller's ([`Sysroot::replace`]).
 pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Result<(), WriteError> {
+    let tmp = write_temp(p, data, mode, owner, true)?;
+    fs::rename(&tmp, p).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err("rename", p)(e)
+    })
+}
+
+/// `data` into `.NAME.azprov-tmp` beside `p` (one left by an earlier run is replaced), mode and
+/// owner set, fsynced when `durable`; its path. Nothing is left behind when it fails.
+pub(super) fn write_temp(
+    p: &Path,
+    data: &[u8],
+    mode: u32,
+    owner: (u32, u32),
+    durable: bool,
+) -> Result<PathBuf, WriteError> {
     let dir = parent(p)?;
     let name = p
         .file_name()
@@ -414,13 +487,18 @@ pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Resu
             .map_err(io_err("chmod", &tmp))?;
         std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &tmp))?;
-        f.sync_all().map_err(io_err("fsync", &tmp))?;
-        fs::rename(&tmp, p).map_err(io_err("rename", p))
+        if durable {
+            f.sync_all().map_err(io_err("fsync", &tmp))?;
+        }
+        Ok(())
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    result
 }
 
 #[cfg(test)]

@@ -575,3 +575,35 @@ fn an_interrupted_account_rewrite_is_completed_consistently_by_the_next_run() {
         fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_batch_puts_its_files_in_place_at_the_barrier_and_drops_what_it_never_synced() {
+    let (dir, root) = seeded("batch");
+    let before = text(&dir.join("etc/hostname"));
+    {
+        let batch = root.batch();
+        root.write("/etc/hostname", b"first\n", 0o644, (0, 0))
+            .unwrap();
+        root.write("/etc/hostname", b"second\n", 0o644, (0, 0))
+            .unwrap();
+        // not in place before the barrier: the old file, the new one beside it
+        assert_eq!(text(&dir.join("etc/hostname")), before);
+        assert_eq!(text(&dir.join("etc/.hostname.azprov-tmp")), "second\n");
+        batch.sync().unwrap();
+        assert_eq!(text(&dir.join("etc/hostname")), "second\n");
+        assert!(!dir.join("etc/.hostname.azprov-tmp").exists());
+        root.write("/etc/motd", b"never synced\n", 0o644, (0, 0))
+            .unwrap();
+    }
+    // dropped without a sync: the temporary is gone, the file untouched
+    assert!(!dir.join("etc/.motd.azprov-tmp").exists());
+    assert!(!dir.join("etc/motd").exists());
+    // after the batch a write is in place at once
+    root.write("/etc/motd", b"now\n", 0o644, (0, 0)).unwrap();
+    assert_eq!(text(&dir.join("etc/motd")), "now\n");
+    fs::remove_dir_all(&dir).unwrap();
+}
