@@ -155,10 +155,11 @@ pub fn main() -> ! {
     let root = mount_root(&cfg, &mut modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Check the handover target before provisioning writes anything into the root.
     let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
-    // The NIC and CD drivers are in once every module is; the media stage loads iso9660 on
-    // demand.
+    // Provisioning starts while the last drivers load: the media stage reads a CD drive that is
+    // there already (else it waits for them), the network waits for them (the NIC's driver),
+    // and iso9660 loads on demand.
     let loader = modules.on_demand();
-    opts.fs_modules = loader.clone();
+    opts.modules = loader.clone();
     provision_root(&opts, keygen);
     process::reap();
     if cfg.read_only {
@@ -311,10 +312,13 @@ impl Modules {
         self.loader.get_or_insert_with(modules::Loader::default)
     }
 
-    /// The loader, once every module of the first round is in, for the stages after the root.
+    /// The loader for the stages after the root, which may start while the first round still
+    /// loads.
     fn on_demand(mut self) -> modules::OnDemand {
-        self.loader();
-        modules::OnDemand::new(self.loader.take().unwrap_or_default())
+        match (self.thread.take(), self.loader.take()) {
+            (Some(thread), _) => modules::OnDemand::loading(thread),
+            (None, loader) => modules::OnDemand::new(loader.unwrap_or_default()),
+        }
     }
 }
 

@@ -168,7 +168,7 @@ fn mount_any(
         if fstype == "udf" && udf == Some(false) {
             continue;
         }
-        modules.load_for_fs(fstype);
+        modules.ensure_fs(fstype);
         match mount::mount(
             device,
             at,

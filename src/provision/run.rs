@@ -54,9 +54,10 @@ pub struct Options {
     pub remount: bool,
     /// New SSH host keys for a new VM (`azprov.hostkeys=keep` / `--keep-host-keys`: false).
     pub host_keys: bool,
-    /// PID 1: the module loader, for a CD filesystem whose module waits until it is needed
-    /// (iso9660). Hook mode: none; the kernel loads what a mount needs.
-    pub fs_modules: OnDemand,
+    /// PID 1: the module loader, perhaps still loading (the network waits for it, the media
+    /// stage when no CD drive is there yet), and loading a CD filesystem's module on demand
+    /// (iso9660). Hook mode: none.
+    pub modules: OnDemand,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -96,7 +97,7 @@ impl Options {
             cdrom_settle: CDROM_SETTLE,
             remount: true,
             host_keys: true,
-            fs_modules: OnDemand::default(),
+            modules: OnDemand::default(),
         }
     }
 
@@ -240,8 +241,31 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
             (f.display().to_string(), b)
         }
         MediaSource::Devices(extra) => {
+            // PID 1: a drive that is there while the last drivers load is read at once;
+            // without one, the drivers that could bring one are waited for first
+            let early = !media::cdrom_devices(&opts.dev).is_empty();
+            if !early {
+                opts.modules.wait();
+            }
             let drives = media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle);
-            match media::read_ovf(&drives, extra, deadline, &opts.fs_modules) {
+            let mut found = media::read_ovf(&drives, extra, deadline, &opts.modules);
+            if early && !matches!(found, Ok(Some(_))) {
+                // nothing on the drives at hand: others may come with the last drivers
+                opts.modules.wait();
+                let later: Vec<PathBuf> =
+                    media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle)
+                        .into_iter()
+                        .filter(|d| !drives.contains(d))
+                        .collect();
+                if !later.is_empty() {
+                    found = match (found, media::read_ovf(&later, &[], deadline, &opts.modules)) {
+                        (_, Ok(Some(f))) => Ok(Some(f)),
+                        (Err(e), _) => Err(e),
+                        (_, r) => r,
+                    };
+                }
+            }
+            match found {
                 Ok(Some(found)) => found,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(Failure::new(Reason::MediaRead, e)),
@@ -501,6 +525,8 @@ fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetStart> {
     if !opts.dhcp {
         return None;
     }
+    // PID 1: the NIC's driver may be among the last to load
+    opts.modules.wait();
     let t = Instant::now();
     let deadline = deadline.min(deadline.remaining() / DHCP_SHARE);
     let prepared = dhclient::prepare(&opts.sys.join("class/net"), opts.iface.as_deref(), deadline);

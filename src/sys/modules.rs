@@ -430,33 +430,82 @@ impl Loader {
     }
 }
 
-/// The loader once the first round is in, shared with the stages that mount a filesystem whose
-/// module may be deferred (the media stage's iso9660): `load_for_fs` on demand. Hook mode has
-/// none (the default): the kernel's request_module loads what a mount needs there.
+/// PID 1's module loader, shared with the stages after the root, which may start while it
+/// still loads the first round: `wait` joins it (the NIC's driver before the network), and
+/// `ensure_fs` makes a filesystem type mountable, loading its deferred module on demand (the
+/// media stage's iso9660). Hook mode has none (the default): udev loads the drivers there, and
+/// the kernel's request_module what a mount needs.
 #[derive(Clone, Default)]
-pub struct OnDemand(Option<Arc<Mutex<Loader>>>);
+pub struct OnDemand(Option<Arc<Mutex<Round>>>);
+
+enum Round {
+    Loading(std::thread::JoinHandle<Loader>),
+    Done(Loader),
+}
 
 impl OnDemand {
+    /// The first round still loading on `thread`.
+    pub fn loading(thread: std::thread::JoinHandle<Loader>) -> Self {
+        OnDemand(Some(Arc::new(Mutex::new(Round::Loading(thread)))))
+    }
+
+    /// The first round in.
     pub fn new(loader: Loader) -> Self {
-        OnDemand(Some(Arc::new(Mutex::new(loader))))
+        OnDemand(Some(Arc::new(Mutex::new(Round::Done(loader)))))
     }
 
-    /// Loads the deferred module for filesystem type `fstype`, if there is one.
-    pub fn load_for_fs(&self, fstype: &str) {
-        if let Some(l) = &self.0 {
-            let mut l = l.lock().unwrap_or_else(PoisonError::into_inner);
-            l.load_for_fs(Some(fstype), fstype);
+    /// Runs `f` on the loader once the first round is in (joining its thread).
+    fn with_loader<R>(&self, f: impl FnOnce(&mut Loader) -> R) -> Option<R> {
+        let mut round = self
+            .0
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Round::Loading(_) = &*round {
+            if let Round::Loading(thread) =
+                std::mem::replace(&mut *round, Round::Done(Loader::default()))
+            {
+                let loader = thread.join().unwrap_or_else(|_| {
+                    log::error!("module loading panicked; going on with what loaded");
+                    Loader::default()
+                });
+                *round = Round::Done(loader);
+            }
+        }
+        match &mut *round {
+            Round::Done(l) => Some(f(l)),
+            Round::Loading(_) => None,
         }
     }
 
-    /// [`Loader::restore_scsi_scan`].
+    /// Waits until every module of the first round is in (or failed).
+    pub fn wait(&self) {
+        self.with_loader(|_| ());
+    }
+
+    /// Makes filesystem type `fstype` mountable: at once when the kernel has it already
+    /// (/proc/filesystems), else once the first round is in and its deferred module, if there
+    /// is one, loaded.
+    pub fn ensure_fs(&self, fstype: &str) {
+        if self.0.is_none() || has_filesystem(Path::new("/proc/filesystems"), fstype) {
+            return;
+        }
+        self.with_loader(|l| l.load_for_fs(Some(fstype), fstype));
+    }
+
+    /// [`Loader::restore_scsi_scan`], once the first round is in.
     pub fn restore_scsi_scan(&self) {
-        if let Some(l) = &self.0 {
-            l.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .restore_scsi_scan();
-        }
+        self.with_loader(Loader::restore_scsi_scan);
     }
+}
+
+/// Whether the kernel lists filesystem type `fstype` in `filesystems` (/proc/filesystems:
+/// `[nodev]\tNAME` lines).
+fn has_filesystem(filesystems: &Path, fstype: &str) -> bool {
+    std::fs::read_to_string(filesystems).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().last() == Some(fstype))
+    })
 }
 
 impl std::fmt::Debug for OnDemand {
@@ -601,6 +650,36 @@ mod tests {
         );
         assert_eq!(names(&loader.take_deferred(Some("iso9660"))), ["isofs"]);
         assert!(loader.deferred.is_empty());
+    }
+
+    #[test]
+    fn a_filesystem_type_is_there_when_the_kernel_lists_it() {
+        let f = std::env::temp_dir().join(format!("azprov-filesystems-{}", std::process::id()));
+        std::fs::write(&f, "nodev\tsysfs\nnodev\ttmpfs\n\text4\n\tudf\n").unwrap();
+        assert!(has_filesystem(&f, "udf"));
+        assert!(has_filesystem(&f, "tmpfs"));
+        assert!(!has_filesystem(&f, "iso9660"));
+        assert!(!has_filesystem(&f, "ext"));
+        std::fs::remove_file(&f).unwrap();
+        assert!(!has_filesystem(&f, "udf"));
+    }
+
+    #[test]
+    fn a_loader_still_loading_is_joined_once_and_then_kept() {
+        let list = "/k/fs/isofs/isofs.ko:\n";
+        let (_, later) = split_deferred(parse_list(list));
+        let thread = std::thread::spawn(move || Loader::new(later, Vec::new()));
+        let shared = OnDemand::loading(thread);
+        let other = shared.clone();
+        other.wait();
+        let names = shared.with_loader(|l| {
+            l.deferred
+                .iter()
+                .map(|m| m.name.clone())
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(names, Some(vec!["isofs".to_string()]));
+        assert!(OnDemand::default().with_loader(|_| ()).is_none());
     }
 
     #[test]
