@@ -151,14 +151,14 @@ pub fn main() -> ! {
     let keygen = early_keygen(&opts);
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.
-    let mut modules = Modules::start(&cfg);
-    let root = mount_root(&cfg, &mut modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    let modules = Modules::start(&cfg);
+    let root = mount_root(&cfg, &modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Check the handover target before provisioning writes anything into the root.
     let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
     // Provisioning starts while the last drivers load: the media stage reads a CD drive that is
     // there already (else it waits for them), the network waits for them (the NIC's driver),
     // and iso9660 loads on demand.
-    let loader = modules.on_demand();
+    let loader = modules.loader;
     opts.modules = loader.clone();
     provision_root(&opts, keygen);
     process::reap();
@@ -234,10 +234,9 @@ fn early_mounts() -> String {
     devkmsg
 }
 
-/// The module load: on its thread until `loader` joins it.
+/// The module load: on its thread until the root or a later stage waits for it.
 struct Modules {
-    thread: Option<std::thread::JoinHandle<modules::Loader>>,
-    loader: Option<modules::Loader>,
+    loader: modules::OnDemand,
     /// The deferred root filesystem modules' names, to know without waiting whether the root's
     /// type needs one.
     deferred: Vec<String>,
@@ -284,8 +283,7 @@ impl Modules {
             loader
         });
         Modules {
-            thread: Some(thread),
-            loader: None,
+            loader: modules::OnDemand::loading(thread),
             deferred,
         }
     }
@@ -298,26 +296,6 @@ impl Modules {
                 .deferred
                 .iter()
                 .any(|d| ROOT_FS_FALLBACK.contains(&d.as_str())),
-        }
-    }
-
-    /// The loader, once every module of the first round is in (joins the thread).
-    fn loader(&mut self) -> &mut modules::Loader {
-        if let Some(thread) = self.thread.take() {
-            self.loader = Some(thread.join().unwrap_or_else(|_| {
-                log::error!("module loading panicked; going on with what loaded");
-                modules::Loader::default()
-            }));
-        }
-        self.loader.get_or_insert_with(modules::Loader::default)
-    }
-
-    /// The loader for the stages after the root, which may start while the first round still
-    /// loads.
-    fn on_demand(mut self) -> modules::OnDemand {
-        match (self.thread.take(), self.loader.take()) {
-            (Some(thread), _) => modules::OnDemand::loading(thread),
-            (None, loader) => modules::OnDemand::new(loader.unwrap_or_default()),
         }
     }
 }
@@ -347,7 +325,7 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
-fn mount_root(cfg: &Config, modules: &mut Modules) -> Result<PathBuf, BootError> {
+fn mount_root(cfg: &Config, modules: &Modules) -> Result<PathBuf, BootError> {
     let spec = cfg.root.as_ref().ok_or(BootError::NoRootParam)?;
     let t = Instant::now();
     let bound = cfg.rootdelay.unwrap_or(ROOT_WAIT_DEFAULT);
@@ -366,7 +344,7 @@ fn mount_root(cfg: &Config, modules: &mut Modules) -> Result<PathBuf, BootError>
     let _ = fs::create_dir_all(SYSROOT);
     let fstype = cfg.rootfstype.as_deref().or(probed);
     if modules.needed_for(fstype) {
-        modules.loader().load_for_fs(fstype, "the root filesystem");
+        modules.loader.load_root_fs(fstype);
     }
     let types: Vec<&str> = match (&cfg.rootfstype, probed) {
         (Some(t), _) => vec![t.as_str()],

@@ -449,11 +449,6 @@ impl OnDemand {
         OnDemand(Some(Arc::new(Mutex::new(Round::Loading(thread)))))
     }
 
-    /// The first round in.
-    pub fn new(loader: Loader) -> Self {
-        OnDemand(Some(Arc::new(Mutex::new(Round::Done(loader)))))
-    }
-
     /// Runs `f` on the loader once the first round is in (joining its thread).
     fn with_loader<R>(&self, f: impl FnOnce(&mut Loader) -> R) -> Option<R> {
         let mut round = self
@@ -476,6 +471,12 @@ impl OnDemand {
             Round::Done(l) => Some(f(l)),
             Round::Loading(_) => None,
         }
+    }
+
+    /// Loads the deferred module for the root's filesystem type (all of them when it is not
+    /// known), once the first round is in.
+    pub fn load_root_fs(&self, fstype: Option<&str>) {
+        self.with_loader(|l| l.load_for_fs(fstype, "the root filesystem"));
     }
 
     /// Waits until every module of the first round is in (or failed).
