@@ -15,10 +15,11 @@ pub struct Written {
 /// Writes all of `data` into the root as docs/DESIGN.md §3 lists it, the marker last, in two
 /// chains beside each other: the account (user, then its keys, then sudoers: no sudoers line
 /// for a user name that was refused) and the system files (hostname, sshd, custom data, user
-/// data, the IMDS document). Each file is fsynced and renamed; the directories' fsyncs are one
-/// syncfs of the root's filesystem before the marker ([`Sysroot::batch`]), so every file is the
-/// old or the new one after a crash and all are on disk before the marker says so. Two chains
-/// let the journal commit both threads' changes together. When both fail, the reason is the
+/// data, the IMDS document), in one batch ([`Sysroot::batch`]): every file is written to its
+/// temporary, one syncfs makes them durable, they are renamed and synced again (after shadow
+/// too, so passwd never names a missing group on disk), so every file is the old or the new one
+/// after a crash and all are on disk before the marker says so. Two chains let the journal
+/// commit both threads' changes together. When both fail, the reason is the
 /// failed step that comes first in the contract's order. Each step's failure has its own
 /// [`Reason`]; a failed syncfs is the marker's. `hash` is `data.password` hashed already
 /// ([`hash_password`]); when it is None the password is hashed here.

@@ -4,9 +4,9 @@
 //! they need, are deferred until a filesystem of theirs is to be mounted: the root's (xfs,
 //! btrfs, ext4 when modular; under QEMU TCG xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s
 //! of a 2.1 s module stage, and a root needs at most one of them) and iso9660 (isofs), which
-//! only a provisioning CD without UDF needs (Azure's is UDF; [`OnDemand`]). A `.ko.lz4` in the list (how mkinitramfs stores those) is
-//! decompressed ([`super::lz4`]) and loaded with init_module. Which listed drivers load at all
-//! is [`super::modalias`]'s call.
+//! only a provisioning CD without UDF needs (Azure's is UDF; [`OnDemand`]). A `.ko.lz4` in the
+//! list (how mkinitramfs stores those) is decompressed ([`super::lz4`]) and loaded with
+//! init_module. Which listed drivers load at all is [`super::modalias`]'s call.
 //!
 //! Device names stay as a serial load gives them: the drivers whose devices share a kernel
 //! name space (`eth%d`; SCSI hosts and so `sd%c` and `sr%d`; `vd%c`; `nvme%d`) load in list

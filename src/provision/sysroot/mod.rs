@@ -1,8 +1,9 @@
 //! The mounted real root (docs/DESIGN.md §3): paths resolved inside it the way a chroot would
 //! see them (a symlink that would lead out of it is refused), and atomic writes (temp file in
 //! the same directory, fsync, rename, fsync of the directory; in a batch, every temp file, one
-//! syncfs, the renames, one syncfs) with mode and owner set before the rename. The account files are edited in `accounts`, the other files of the contract
-//! written in `files`. No useradd, passwd or hostnamectl: an initramfs has none of them.
+//! syncfs, the renames, one syncfs) with mode and owner set before the rename. The account
+//! files are edited in `accounts`, the other files of the contract written in `files`. No
+//! useradd, passwd or hostnamectl: an initramfs has none of them.
 
 mod accounts;
 mod files;
@@ -410,7 +411,7 @@ impl Sysroot {
     }
 }
 
-/// Atomic writes whose directories are fsynced together ([`Sysroot::batch`]).
+/// Atomic writes made durable and put in place together ([`Sysroot::batch`]).
 pub struct Batch<'a>(&'a Sysroot);
 
 impl Batch<'_> {
