@@ -7,6 +7,7 @@ pub mod data;
 pub mod hostkeys;
 pub mod merge;
 pub mod run;
+pub mod selinux;
 pub mod state;
 pub mod sysroot;
 pub mod write;

@@ -249,4 +249,149 @@ mod tests {
             std::fs::remove_dir_all(&d).unwrap();
         }
     }
+
+    /// The root `seeded` makes, with Debian 12's refpolicy configured (enforcing).
+    fn selinux_root(name: &str) -> (std::path::PathBuf, Sysroot) {
+        let (dir, _) = seeded(name);
+        let files = dir.join("etc/selinux/default/contexts/files");
+        std::fs::create_dir_all(&files).unwrap();
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/selinux/debian12-default"
+        );
+        for f in [
+            "file_contexts",
+            "file_contexts.homedirs",
+            "file_contexts.subs_dist",
+        ] {
+            std::fs::copy(format!("{fixture}/{f}"), files.join(f)).unwrap();
+        }
+        std::fs::write(
+            dir.join("etc/selinux/config"),
+            "SELINUX=enforcing\nSELINUXTYPE=default\n",
+        )
+        .unwrap();
+        (dir.clone(), Sysroot::new(dir))
+    }
+
+    /// Every path below `dir` with its label, skipping the fixture's own files.
+    fn labels_below(dir: &std::path::Path, rel: &str) -> Vec<(String, Option<String>)> {
+        let out = std::process::Command::new("find")
+            .arg(dir.join(rel.trim_start_matches('/')))
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|p| {
+                let view = format!(
+                    "/{}",
+                    p.strip_prefix(dir.to_str().unwrap())
+                        .unwrap()
+                        .trim_start_matches('/')
+                );
+                (
+                    view,
+                    crate::provision::sysroot::label::get(std::path::Path::new(p)),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn on_an_selinux_root_everything_written_has_the_policys_label() {
+        let (dir, root) = selinux_root("chains-selinux");
+        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        root.write_state("state.json", b"{}").unwrap();
+        root.mkdir("/var/log", 0o755, (0, 0)).unwrap();
+        root.write(crate::provision::sysroot::LOG_FILE, b"x\n", 0o640, (0, 0))
+            .unwrap();
+        // what libselinux's matchpathcon gives these paths under this policy
+        // (provision::selinux::tests::MATCHPATHCON)
+        let etc = "system_u:object_r:etc_t:s0";
+        let want = [
+            ("/etc/passwd", etc),
+            ("/etc/group", etc),
+            ("/etc/shadow", "system_u:object_r:shadow_t:s0"),
+            ("/etc/gshadow", "system_u:object_r:shadow_t:s0"),
+            ("/etc/hostname", "system_u:object_r:net_conf_t:s0"),
+            ("/etc/hosts", "system_u:object_r:net_conf_t:s0"),
+            ("/etc/sudoers.d/90-azprov", etc),
+            ("/etc/ssh/sshd_config.d/50-azprov.conf", etc),
+            (
+                "/home/azureuser",
+                "unconfined_u:object_r:user_home_dir_t:s0",
+            ),
+            (
+                "/home/azureuser/.bashrc",
+                "unconfined_u:object_r:user_home_t:s0",
+            ),
+            (
+                "/home/azureuser/.profile",
+                "unconfined_u:object_r:user_home_t:s0",
+            ),
+            (
+                "/home/azureuser/.ssh",
+                "unconfined_u:object_r:ssh_home_t:s0",
+            ),
+            (
+                "/home/azureuser/.ssh/authorized_keys",
+                "unconfined_u:object_r:ssh_home_t:s0",
+            ),
+            ("/var/lib/azprov", "system_u:object_r:var_lib_t:s0"),
+            (
+                "/var/lib/azprov/customdata",
+                "system_u:object_r:var_lib_t:s0",
+            ),
+            (
+                "/var/lib/azprov/provisioned",
+                "system_u:object_r:var_lib_t:s0",
+            ),
+            (
+                "/var/lib/azprov/state.json",
+                "system_u:object_r:var_lib_t:s0",
+            ),
+            ("/var/log/azprov.log", "system_u:object_r:var_log_t:s0"),
+        ];
+        for (path, label) in want {
+            let got = crate::provision::sysroot::label::get(&dir.join(&path[1..]));
+            assert_eq!(got.as_deref(), Some(label), "{path}");
+        }
+        // and nothing below the home or the state directory went unlabelled
+        for (path, label) in labels_below(&dir, "/home/azureuser")
+            .into_iter()
+            .chain(labels_below(&dir, "/var/lib/azprov"))
+        {
+            assert!(label.is_some(), "{path} has no label");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn a_root_without_selinux_gets_no_label_and_a_disabled_one_neither() {
+        let (dir, root) = seeded("chains-no-selinux");
+        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        let (dir2, _) = selinux_root("chains-selinux-off");
+        std::fs::write(dir2.join("etc/selinux/config"), "SELINUX=disabled\n").unwrap();
+        let root2 = Sysroot::new(&dir2);
+        write_all(&root2, &data("azureuser"), None, "vm-1").unwrap();
+        for d in [&dir, &dir2] {
+            for rel in ["/etc/passwd", "/home/azureuser", "/var/lib/azprov"] {
+                for (path, label) in labels_below(d, rel) {
+                    assert_eq!(label, None, "{path}");
+                }
+            }
+        }
+        for d in [dir, dir2] {
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
 }

@@ -12,6 +12,7 @@ pub mod netlink;
 pub mod packet;
 pub mod process;
 pub mod switch_root;
+pub mod xattr;
 
 pub use nix::errno::Errno;
 

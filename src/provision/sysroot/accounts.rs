@@ -355,52 +355,69 @@ impl Sysroot {
         let tmp = format!("{}/.{name}.azprov-tmp", parent.trim_end_matches('/'));
         self.remove(&tmp)?;
         let tmp_path = self.mkdir(&tmp, 0o750, owner)?;
+        let home = self.resolve(&account.home)?;
+        // labelled as what they become once the directory is renamed
+        self.label_as(&tmp_path, &home, libc::S_IFDIR)?;
         let skel = self.resolve("/etc/skel")?;
         // a real directory only: a symlinked skel could point anywhere on the host
         let batched = self.batched();
         if fs::symlink_metadata(&skel).is_ok_and(|m| m.is_dir()) {
-            copy_tree(&skel, &tmp_path, owner, !batched)?;
+            self.copy_tree(&skel, &tmp_path, &home, owner, !batched)?;
         }
         if batched {
             self.syncfs()?;
         }
-        let home = self.resolve(&account.home)?;
         fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
         self.sync_dir_unless_batched(&self.resolve(&parent)?)
     }
 }
 
-/// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept); when
-/// `durable`, each file fsynced before its rename and each directory once it is filled.
-fn copy_tree(from: &Path, to: &Path, owner: (u32, u32), durable: bool) -> Result<(), WriteError> {
-    for entry in fs::read_dir(from).map_err(io_err("read", from))? {
-        let entry = entry.map_err(io_err("read", from))?;
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let md = fs::symlink_metadata(&src).map_err(io_err("stat", &src))?;
-        if md.file_type().is_symlink() {
-            let target = fs::read_link(&src).map_err(io_err("readlink", &src))?;
-            std::os::unix::fs::symlink(&target, &dst).map_err(io_err("symlink", &dst))?;
-        } else if md.is_dir() {
-            fs::create_dir(&dst).map_err(io_err("mkdir", &dst))?;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(md.mode() & 0o7777))
-                .map_err(io_err("chmod", &dst))?;
-        } else if md.is_file() {
-            let data = fs::read(&src).map_err(io_err("read", &src))?;
-            let tmp = write_temp(&dst, &data, md.mode() & 0o7777, owner, durable)?;
-            fs::rename(&tmp, &dst).map_err(io_err("rename", &dst))?;
-            continue;
-        } else {
-            continue;
+impl Sysroot {
+    /// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept),
+    /// each labelled as it will be called under `final_to` once `to` is renamed there; when
+    /// `durable`, each file fsynced before its rename and each directory once it is filled.
+    fn copy_tree(
+        &self,
+        from: &Path,
+        to: &Path,
+        final_to: &Path,
+        owner: (u32, u32),
+        durable: bool,
+    ) -> Result<(), WriteError> {
+        for entry in fs::read_dir(from).map_err(io_err("read", from))? {
+            let entry = entry.map_err(io_err("read", from))?;
+            let src = entry.path();
+            let dst = to.join(entry.file_name());
+            let final_dst = final_to.join(entry.file_name());
+            let md = fs::symlink_metadata(&src).map_err(io_err("stat", &src))?;
+            if md.file_type().is_symlink() {
+                let target = fs::read_link(&src).map_err(io_err("readlink", &src))?;
+                std::os::unix::fs::symlink(&target, &dst).map_err(io_err("symlink", &dst))?;
+                self.label_as(&dst, &final_dst, libc::S_IFLNK)?;
+            } else if md.is_dir() {
+                fs::create_dir(&dst).map_err(io_err("mkdir", &dst))?;
+                fs::set_permissions(&dst, fs::Permissions::from_mode(md.mode() & 0o7777))
+                    .map_err(io_err("chmod", &dst))?;
+                self.label_as(&dst, &final_dst, libc::S_IFDIR)?;
+            } else if md.is_file() {
+                let data = fs::read(&src).map_err(io_err("read", &src))?;
+                let label = self.label_for(&final_dst, libc::S_IFREG);
+                let mode = md.mode() & 0o7777;
+                let tmp = write_temp(&dst, &data, mode, owner, durable, label.as_deref())?;
+                fs::rename(&tmp, &dst).map_err(io_err("rename", &dst))?;
+                continue;
+            } else {
+                continue;
+            }
+            std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
+                .map_err(io_err("chown", &dst))?;
+            if md.is_dir() {
+                self.copy_tree(&src, &dst, &final_dst, owner, durable)?;
+            }
         }
-        std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
-            .map_err(io_err("chown", &dst))?;
-        if md.is_dir() {
-            copy_tree(&src, &dst, owner, durable)?;
+        if durable {
+            super::sync_dir(to)?;
         }
+        Ok(())
     }
-    if durable {
-        super::sync_dir(to)?;
-    }
-    Ok(())
 }

@@ -7,6 +7,7 @@
 
 mod accounts;
 mod files;
+pub mod label;
 
 pub use accounts::{hash_password, Account};
 
@@ -16,7 +17,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 pub const MARKER: &str = "/var/lib/azprov/provisioned";
 pub const STATE_DIR: &str = "/var/lib/azprov";
@@ -96,6 +97,8 @@ pub struct Sysroot {
     /// Inside a [`Sysroot::batch`]: the writes' temporaries and the files they replace, renamed
     /// by the next [`Sysroot::barrier`] or [`Batch::sync`]. None outside a batch.
     pending: Mutex<Option<Vec<(PathBuf, PathBuf)>>>,
+    /// The root's SELinux labels ([`Sysroot::labels`]), read on first use.
+    labels: OnceLock<Option<label::Labels>>,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
@@ -111,6 +114,7 @@ impl Sysroot {
         Sysroot {
             root: root.into(),
             pending: Mutex::new(None),
+            labels: OnceLock::new(),
             #[cfg(test)]
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
@@ -325,6 +329,7 @@ impl Sysroot {
         fs::create_dir(&p).map_err(io_err("mkdir", &p))?;
         fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))?;
         std::os::unix::fs::lchown(&p, Some(owner.0), Some(owner.1)).map_err(io_err("chown", &p))?;
+        self.label(&p, libc::S_IFDIR)?;
         Ok(p)
     }
 
@@ -367,11 +372,16 @@ impl Sysroot {
         mode: u32,
         owner: (u32, u32),
     ) -> Result<(), WriteError> {
+        let label = self.label_for(p, libc::S_IFREG);
         if !self.batched() {
-            write_atomic(p, data, mode, owner)?;
+            let tmp = write_temp(p, data, mode, owner, true, label.as_deref())?;
+            fs::rename(&tmp, p).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io_err("rename", p)(e)
+            })?;
             return self.sync_dir_unless_batched(parent(p)?);
         }
-        let tmp = write_temp(p, data, mode, owner, false)?;
+        let tmp = write_temp(p, data, mode, owner, false, label.as_deref())?;
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match pending.as_mut() {
             // written twice in one batch: the one temporary holds the last contents
@@ -449,24 +459,16 @@ fn parent(p: &Path) -> Result<&Path, WriteError> {
         .ok_or_else(|| WriteError::Corrupt(format!("{} has no parent", p.display())))
 }
 
-/// temp file in the same directory, mode and owner set, fsync, rename; the directory's fsync is
-/// the caller's ([`Sysroot::replace`]).
-pub fn write_atomic(p: &Path, data: &[u8], mode: u32, owner: (u32, u32)) -> Result<(), WriteError> {
-    let tmp = write_temp(p, data, mode, owner, true)?;
-    fs::rename(&tmp, p).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_err("rename", p)(e)
-    })
-}
-
-/// `data` into `.NAME.azprov-tmp` beside `p` (one left by an earlier run is replaced), mode and
-/// owner set, fsynced when `durable`; its path. Nothing is left behind when it fails.
+/// `data` into `.NAME.azprov-tmp` beside `p` (one left by an earlier run is replaced), mode,
+/// owner and SELinux `label` set, fsynced when `durable`; its path. Nothing is left behind
+/// when it fails.
 pub(super) fn write_temp(
     p: &Path,
     data: &[u8],
     mode: u32,
     owner: (u32, u32),
     durable: bool,
+    label: Option<&[u8]>,
 ) -> Result<PathBuf, WriteError> {
     let dir = parent(p)?;
     let name = p
@@ -488,6 +490,9 @@ pub(super) fn write_temp(
             .map_err(io_err("chmod", &tmp))?;
         std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))
             .map_err(io_err("chown", &tmp))?;
+        if let Some(label) = label {
+            label::set(&tmp, label)?;
+        }
         if durable {
             f.sync_all().map_err(io_err("fsync", &tmp))?;
         }
