@@ -75,9 +75,9 @@ reasons! {
     WriteKeys => "failed to write authorized_keys",
         "the user's authorized_keys could not be written";
     WriteSudoers => "failed to write sudoers",
-        "/etc/sudoers.d/90-azprov could not be written";
+        "/etc/sudoers.d/90-azprov, or the includedir /etc/sudoers needs, could not be written";
     WriteSshd => "failed to write sshd configuration",
-        "/etc/ssh/sshd_config.d/50-azprov.conf could not be written";
+        "/etc/ssh/sshd_config.d/50-azprov.conf, or sshd_config where it reads no drop-in first, could not be written";
     WriteCustomData => "failed to write custom data",
         "/var/lib/azprov/customdata could not be written";
     WriteUserData => "failed to write user data",

@@ -131,7 +131,14 @@ fn clean_user(
         }
     }
     remove(root, SUDOERS, dry_run, c)?;
-    remove(root, SSHD_DROP_IN, dry_run, c)
+    remove(root, SSHD_DROP_IN, dry_run, c)?;
+    if root.remove_sshd_setting(dry_run)? {
+        c.removed.push(format!(
+            "{} (azprov's two lines)",
+            crate::provision::sysroot::SSHD_CONFIG
+        ));
+    }
+    Ok(())
 }
 
 /// The names in a directory of the root; none when it does not exist.

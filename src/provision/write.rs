@@ -1,7 +1,7 @@
 //! Writing the provisioning data into the root in the order of the file contract.
 
 use super::data::ProvisioningData;
-use super::sysroot::{hash_password, Sysroot, WriteError};
+use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG};
 use super::{Failure, Reason};
 use crate::secret::Secret;
 
@@ -110,14 +110,20 @@ fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
         Some((disable, _)) => !disable,
         None => data.password.is_some(),
     };
-    if root
+    match root
         .write_sshd(password_auth)
         .map_err(fail(4, Reason::WriteSshd))?
     {
-        log::info!(
-            "sshd PasswordAuthentication {}",
-            if password_auth { "yes" } else { "no" }
-        );
+        Some(at) => log::info!(
+            "sshd PasswordAuthentication {} in {at}{}",
+            if password_auth { "yes" } else { "no" },
+            if at == SSHD_CONFIG {
+                " (it reads no drop-in of azprov's first)"
+            } else {
+                ""
+            }
+        ),
+        None => log::info!("sshd: no /etc/ssh/sshd_config in the root; nothing written"),
     }
     if let Some(c) = &data.custom_data {
         root.write_state("customdata", c.expose())

@@ -2,7 +2,11 @@
 //! drop-ins, and azprov's state directory.
 
 use super::accounts::Account;
-use super::{io_err, Sysroot, WriteError, MARKER, STATE_DIR};
+use super::{includes, io_err, Sysroot, WriteError, MARKER, STATE_DIR};
+use crate::provision::clean::{SSHD_DROP_IN, SUDOERS};
+
+/// sshd's main configuration file.
+pub const SSHD_CONFIG: &str = "/etc/ssh/sshd_config";
 use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
 use std::fs;
 use std::io;
@@ -149,32 +153,66 @@ impl Sysroot {
         }
     }
 
+    /// The sudoers drop-in, and `#includedir /etc/sudoers.d` appended to /etc/sudoers when it
+    /// reads no drop-ins (so the rule counts; `includes`).
     pub fn write_sudoers(&self, user: &Username, has_password: bool) -> Result<(), WriteError> {
         self.mkdir("/etc/sudoers.d", 0o750, (0, 0))?;
         let rule = if has_password { "ALL" } else { "NOPASSWD:ALL" };
         let text = format!("# written by azprov\n{user} ALL=(ALL) {rule}\n");
-        self.write("/etc/sudoers.d/90-azprov", text.as_bytes(), 0o440, (0, 0))
+        self.write(SUDOERS, text.as_bytes(), 0o440, (0, 0))?;
+        if let Some(sudoers) = self.read("/etc/sudoers")? {
+            if !includes::sudoers_includes_dir(&sudoers) {
+                self.rewrite(
+                    "/etc/sudoers",
+                    &includes::sudoers_with_includedir(&sudoers),
+                    0o440,
+                )?;
+                log::info!("sudo: /etc/sudoers read no /etc/sudoers.d; #includedir added");
+            }
+        }
+        Ok(())
     }
 
-    /// Writes the sshd drop-in when the root's sshd reads drop-ins; returns whether it did.
-    pub fn write_sshd(&self, password_auth: bool) -> Result<bool, WriteError> {
+    /// Puts sshd's `PasswordAuthentication` where the root's sshd takes it from: the drop-in
+    /// when sshd_config reads it first, else the top of sshd_config itself (`includes`).
+    /// Which one, or None when the root has no sshd_config.
+    pub fn write_sshd(&self, password_auth: bool) -> Result<Option<&'static str>, WriteError> {
+        let Some(config) = self.read(SSHD_CONFIG)? else {
+            return Ok(None);
+        };
         let dir = self.resolve("/etc/ssh/sshd_config.d")?;
-        if !fs::symlink_metadata(&dir)
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            return Ok(false);
+        let dir_ok = fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+        if dir_ok && includes::sshd_reads_first(&String::from_utf8_lossy(&config), SSHD_DROP_IN) {
+            let text = format!(
+                "# written by azprov\nPasswordAuthentication {}\n",
+                if password_auth { "yes" } else { "no" }
+            );
+            self.write(SSHD_DROP_IN, text.as_bytes(), 0o644, (0, 0))?;
+            // an earlier run's lines in sshd_config itself would win over the drop-in
+            if let Some(without) = includes::sshd_without_setting(&config) {
+                self.rewrite(SSHD_CONFIG, &without, 0o644)?;
+            }
+            return Ok(Some(SSHD_DROP_IN));
         }
-        let text = format!(
-            "# written by azprov\nPasswordAuthentication {}\n",
-            if password_auth { "yes" } else { "no" }
-        );
-        self.write(
-            "/etc/ssh/sshd_config.d/50-azprov.conf",
-            text.as_bytes(),
+        self.rewrite(
+            SSHD_CONFIG,
+            &includes::sshd_with_setting(&config, password_auth),
             0o644,
-            (0, 0),
         )?;
+        Ok(Some(SSHD_CONFIG))
+    }
+
+    /// Takes azprov's lines out of sshd_config (`azprov clean --user`); whether there were any.
+    pub fn remove_sshd_setting(&self, dry_run: bool) -> Result<bool, WriteError> {
+        let Some(config) = self.read(SSHD_CONFIG)? else {
+            return Ok(false);
+        };
+        let Some(without) = includes::sshd_without_setting(&config) else {
+            return Ok(false);
+        };
+        if !dry_run {
+            self.rewrite(SSHD_CONFIG, &without, 0o644)?;
+        }
         Ok(true)
     }
 

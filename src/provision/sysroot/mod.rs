@@ -7,9 +7,11 @@
 
 mod accounts;
 mod files;
+pub mod includes;
 pub mod label;
 
 pub use accounts::{hash_password, Account};
+pub use files::SSHD_CONFIG;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

@@ -418,13 +418,72 @@ fn sudoers_and_sshd_drop_ins() {
     assert!(text(&s).contains("azureuser ALL=(ALL) NOPASSWD:ALL\n"));
     root.write_sudoers(&u, true).unwrap();
     assert!(text(&s).contains("azureuser ALL=(ALL) ALL\n"));
-    assert!(root.write_sshd(false).unwrap());
+    assert_eq!(
+        root.write_sshd(false).unwrap(),
+        Some("/etc/ssh/sshd_config.d/50-azprov.conf")
+    );
     let d = dir.join("etc/ssh/sshd_config.d/50-azprov.conf");
     assert!(text(&d).contains("PasswordAuthentication no\n"));
     assert_eq!(mode(&d), 0o644);
+    let config = text(&dir.join("etc/ssh/sshd_config"));
+    // without the directory sshd reads nothing from it: the setting goes into sshd_config
     fs::remove_dir_all(dir.join("etc/ssh/sshd_config.d")).unwrap();
-    assert!(!root.write_sshd(true).unwrap());
+    assert_eq!(root.write_sshd(true).unwrap(), Some("/etc/ssh/sshd_config"));
     assert!(!dir.join("etc/ssh/sshd_config.d").exists());
+    assert_eq!(
+        text(&dir.join("etc/ssh/sshd_config")),
+        format!(
+            "{}\nPasswordAuthentication yes\n{config}",
+            includes::SSHD_MARK
+        )
+    );
+    // with it back, the drop-in again, and sshd_config as it was
+    fs::create_dir(dir.join("etc/ssh/sshd_config.d")).unwrap();
+    root.write_sshd(false).unwrap();
+    assert_eq!(text(&dir.join("etc/ssh/sshd_config")), config);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn hardened_sshd_and_sudo_configs_are_edited_so_the_settings_count() {
+    let (dir, root) = seeded("hardened-includes");
+    // RHEL 8's shape: no Include, a PasswordAuthentication of its own, a Match block
+    let sshd =
+        "# hardened\nPasswordAuthentication yes\nMatch Group sftp\n  ForceCommand internal-sftp\n";
+    fs::write(dir.join("etc/ssh/sshd_config"), sshd).unwrap();
+    let sudoers = "Defaults env_reset\nroot ALL=(ALL:ALL) ALL\n";
+    fs::write(dir.join("etc/sudoers"), sudoers).unwrap();
+    fs::set_permissions(dir.join("etc/sudoers"), fs::Permissions::from_mode(0o440)).unwrap();
+    let u = Username::parse("azureuser").unwrap();
+    root.write_sudoers(&u, false).unwrap();
+    assert_eq!(
+        text(&dir.join("etc/sudoers")),
+        format!("{sudoers}\n# added by azprov: read the drop-ins in /etc/sudoers.d\n#includedir /etc/sudoers.d\n")
+    );
+    assert_eq!(mode(&dir.join("etc/sudoers")), 0o440);
+    // once is enough
+    root.write_sudoers(&u, false).unwrap();
+    assert_eq!(
+        text(&dir.join("etc/sudoers"))
+            .matches("#includedir")
+            .count(),
+        1
+    );
+    assert_eq!(
+        root.write_sshd(false).unwrap(),
+        Some("/etc/ssh/sshd_config")
+    );
+    assert!(!dir.join("etc/ssh/sshd_config.d/50-azprov.conf").exists());
+    assert_eq!(
+        text(&dir.join("etc/ssh/sshd_config")),
+        format!("{}\nPasswordAuthentication no\n{sshd}", includes::SSHD_MARK)
+    );
+    assert!(root.remove_sshd_setting(false).unwrap());
+    assert_eq!(text(&dir.join("etc/ssh/sshd_config")), sshd);
     fs::remove_dir_all(&dir).unwrap();
 }
 
