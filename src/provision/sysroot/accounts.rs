@@ -5,7 +5,7 @@ use super::{io_err, write_temp, Sysroot, WriteError};
 use crate::provision::data::Username;
 use crate::secret::Secret;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// `KEY VALUE` settings from /etc/login.defs.
@@ -102,6 +102,9 @@ impl Table {
     }
 
     fn bytes(&self) -> Vec<u8> {
+        if self.0.is_empty() {
+            return Vec::new();
+        }
         let mut s = self.0.join(&b'\n');
         s.push(b'\n');
         s
@@ -161,6 +164,7 @@ impl Sysroot {
         user: &Username,
         hash: Option<&Secret<String>>,
     ) -> Result<Account, WriteError> {
+        let _lock = self.lock_account_files()?;
         let defs = self
             .read("/etc/login.defs")?
             .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -269,6 +273,11 @@ impl Sysroot {
             self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
         }
         self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
+        if account.created {
+            for (file, kind) in [("/etc/subuid", "UID"), ("/etc/subgid", "GID")] {
+                self.add_subordinate_ids(file, kind, name, &defs)?;
+            }
+        }
         self.barrier()?;
         self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
 
@@ -314,10 +323,25 @@ impl Sysroot {
             self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
         }
         self.rewrite("/etc/group", &group.bytes(), 0o644)?;
+        for file in ["/etc/subuid", "/etc/subgid"] {
+            if let Some(bytes) = self.read(file)? {
+                let mut t = Table::parse(Some(bytes));
+                let before = t.0.len();
+                t.remove_where(|f| f.first() == Some(&me));
+                if t.0.len() != before {
+                    self.rewrite(file, &t.bytes(), 0o644)?;
+                }
+            }
+        }
         Ok(Some(home))
     }
 
+    /// /bin/bash where the root has it (what cloud-init and waagent give the admin), else
+    /// useradd's default (`SHELL=` in /etc/default/useradd), else /bin/sh.
     pub(super) fn login_shell(&self) -> String {
+        if self.exists("/bin/bash") {
+            return "/bin/bash".into();
+        }
         let from_defaults = self
             .read("/etc/default/useradd")
             .ok()
@@ -329,13 +353,100 @@ impl Sysroot {
                         .map(|s| s.trim().to_string())
                 })
             });
-        from_defaults.filter(|s| !s.is_empty()).unwrap_or_else(|| {
-            if self.exists("/bin/bash") {
-                "/bin/bash".into()
-            } else {
-                "/bin/sh".into()
+        from_defaults
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "/bin/sh".into())
+    }
+
+    /// shadow-utils' `lckpwdf`: /etc/.pwd.lock (0600 root, created when missing) locked with
+    /// an fcntl write lock while the account files are read and edited, so a useradd or passwd
+    /// running beside azprov (hook mode, `clean` in a booted system) cannot interleave. Waits
+    /// at most 15 s for it, as lckpwdf does. Released when the file is dropped.
+    fn lock_account_files(&self) -> Result<fs::File, WriteError> {
+        const LOCK: &str = "/etc/.pwd.lock";
+        let p = self.resolve(LOCK)?;
+        let created = !p.exists();
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&p)
+            .map_err(io_err("open", &p))?;
+        if created {
+            self.label(&p, libc::S_IFREG)?;
+        }
+        let lock = libc::flock {
+            l_type: libc::F_WRLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: 0,
+            l_len: 0,
+            l_pid: 0,
+        };
+        let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(15));
+        let backoff = crate::deadline::Backoff {
+            base: std::time::Duration::from_millis(20),
+            cap: std::time::Duration::from_millis(500),
+        };
+        let mut attempt = 0;
+        loop {
+            match nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETLK(&lock)) {
+                Ok(_) => return Ok(f),
+                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EACCES) => {
+                    let wait = backoff.delay(attempt, crate::deadline::jitter());
+                    attempt += 1;
+                    if !deadline.sleep(wait) {
+                        return Err(WriteError::Io {
+                            op: "lock (another process holds it for 15 s)",
+                            path: LOCK.to_string(),
+                            source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+                        });
+                    }
+                }
+                Err(e) => return Err(io_err("lock", &p)(std::io::Error::from(e))),
             }
-        })
+        }
+    }
+
+    /// A subordinate id range for a new user in /etc/subuid or /etc/subgid, as useradd gives
+    /// one where the file exists (rootless containers need it): `SUB_UID_COUNT` (or `_GID_`)
+    /// ids from login.defs, the lowest free range between `SUB_UID_MIN` and `SUB_UID_MAX`. A
+    /// count of 0, a name already listed or no free range adds nothing.
+    fn add_subordinate_ids(
+        &self,
+        file: &str,
+        kind: &str,
+        name: &str,
+        defs: &str,
+    ) -> Result<(), WriteError> {
+        let Some(bytes) = self.read(file)? else {
+            return Ok(());
+        };
+        let def = |k: &str, d: u32| login_defs(defs, &format!("SUB_{kind}_{k}")).unwrap_or(d);
+        let (min, max, count) = (
+            def("MIN", 100_000),
+            def("MAX", 600_100_000),
+            def("COUNT", 65_536),
+        );
+        let mut table = Table::parse(Some(bytes));
+        if count == 0 || table.find(name).is_some() {
+            return Ok(());
+        }
+        let taken: Vec<(u64, u64)> = (0..table.0.len())
+            .filter_map(|i| {
+                let start: u64 = table.field(i, 1)?.parse().ok()?;
+                let n: u64 = table.field(i, 2)?.parse().ok()?;
+                Some((start, start + n))
+            })
+            .collect();
+        let Some(start) = free_range(taken, u64::from(min), u64::from(max), u64::from(count))
+        else {
+            log::warn!("{file}: no free range of {count} ids between {min} and {max}; none given");
+            return Ok(());
+        };
+        table.push(format!("{name}:{start}:{count}"));
+        self.rewrite(file, &table.bytes(), 0o644)
     }
 
     /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it,
@@ -370,6 +481,28 @@ impl Sysroot {
         fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
         self.sync_dir_unless_batched(&self.resolve(&parent)?)
     }
+}
+
+/// The lowest start of `count` ids in `[min, max]` that overlap none of the `taken` ranges
+/// (start, end exclusive).
+pub(super) fn free_range(
+    mut taken: Vec<(u64, u64)>,
+    min: u64,
+    max: u64,
+    count: u64,
+) -> Option<u64> {
+    taken.sort_unstable();
+    let mut start = min;
+    for (s, e) in taken {
+        if e <= start {
+            continue;
+        }
+        if s >= start + count {
+            break;
+        }
+        start = e;
+    }
+    (start + count - 1 <= max).then_some(start)
 }
 
 impl Sysroot {

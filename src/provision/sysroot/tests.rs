@@ -229,9 +229,114 @@ fn the_login_shell_is_looked_up_inside_the_root() {
     symlink("/bin/dash", dir.join("bin/bash")).unwrap();
     assert!(!root.exists("/bin/bash"));
     assert_eq!(root.login_shell(), "/bin/sh");
+    // without bash, useradd's default (Debian 12's is /bin/sh)
+    fs::create_dir_all(dir.join("etc/default")).unwrap();
+    fs::write(dir.join("etc/default/useradd"), "SHELL=/bin/zsh\n").unwrap();
+    assert_eq!(root.login_shell(), "/bin/zsh");
+    // bash wins over useradd's default, as cloud-init and waagent give it
+    fs::write(dir.join("etc/default/useradd"), "SHELL=/bin/sh\n").unwrap();
     fs::write(dir.join("bin/dash"), "").unwrap();
     assert!(root.exists("/bin/bash"));
     assert_eq!(root.login_shell(), "/bin/bash");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn subordinate_ranges_are_the_lowest_free_ones() {
+    use super::accounts::free_range;
+    assert_eq!(
+        free_range(vec![], 100_000, 600_100_000, 65_536),
+        Some(100_000)
+    );
+    let debian = vec![(100_000, 165_536), (165_536, 231_072)];
+    assert_eq!(
+        free_range(debian, 100_000, 600_100_000, 65_536),
+        Some(231_072)
+    );
+    // a gap large enough, one too small, and a range that encloses the minimum
+    let gaps = vec![(300_000, 400_000), (50_000, 150_000), (215_536, 250_000)];
+    assert_eq!(
+        free_range(gaps, 100_000, 600_100_000, 65_536),
+        Some(150_000)
+    );
+    assert_eq!(
+        free_range(vec![(100_000, 600_000)], 100_000, 600_000, 10),
+        None
+    );
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_new_user_gets_subordinate_ids_and_the_lock_useradd_takes() {
+    let (dir, root) = seeded("subids");
+    fs::write(dir.join("etc/subuid"), "alice:100000:65536\n").unwrap();
+    fs::write(dir.join("etc/subgid"), "").unwrap();
+    let u = Username::parse("azureuser").unwrap();
+    let a = root.ensure_user(&u, None).unwrap();
+    assert!(a.created);
+    assert_eq!(
+        text(&dir.join("etc/subuid")),
+        "alice:100000:65536\nazureuser:165536:65536\n"
+    );
+    assert_eq!(text(&dir.join("etc/subgid")), "azureuser:100000:65536\n");
+    let lock = dir.join("etc/.pwd.lock");
+    assert_eq!((mode(&lock), owner(&lock)), (0o600, (0, 0)));
+    // once only; an existing user gets nothing new
+    root.ensure_user(&u, None).unwrap();
+    assert_eq!(
+        text(&dir.join("etc/subuid")).matches("azureuser").count(),
+        1
+    );
+    // clean --user takes the lines out again
+    root.remove_user("azureuser").unwrap();
+    assert_eq!(text(&dir.join("etc/subuid")), "alice:100000:65536\n");
+    assert_eq!(text(&dir.join("etc/subgid")), "");
+    // a root without the files gets none
+    let (dir2, root2) = seeded("subids-none");
+    root2.ensure_user(&u, None).unwrap();
+    assert!(!dir2.join("etc/subuid").exists());
+    for d in [dir, dir2] {
+        fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_held_account_lock_is_waited_for_not_broken() {
+    let (dir, root) = seeded("pwdlock");
+    let lock = dir.join("etc/.pwd.lock");
+    fs::write(&lock, "").unwrap();
+    // another process (flock(1) takes BSD locks; python's lockf takes the fcntl lock
+    // lckpwdf takes) holds it for a moment
+    let mut holder = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import fcntl,time,sys;f=open('{}','w');fcntl.lockf(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(1)",
+            lock.display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "held\n");
+    root.ensure_user(&Username::parse("azureuser").unwrap(), None)
+        .unwrap();
+    assert!(
+        holder.try_wait().unwrap().is_some(),
+        "the user was written while the lock was held"
+    );
+    holder.wait().unwrap();
     fs::remove_dir_all(&dir).unwrap();
 }
 
