@@ -6,7 +6,6 @@ use crate::config::{self, Config, OnFail, RootSpec};
 use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Options, Report};
 use crate::provision::sysroot::Sysroot;
-use crate::sys::block;
 use crate::sys::mount::{self, MsFlags};
 use crate::sys::process::{self, Power};
 use crate::sys::switch_root::{switch_root, SwitchRootError};
@@ -302,26 +301,7 @@ impl Modules {
 
 /// The device for `root=`, once it exists.
 fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> {
-    if let RootSpec::Dev(d) = spec {
-        let p = PathBuf::from(d);
-        if !p.exists() {
-            return None;
-        }
-        let fstype = block::probe_device(&p).map(|i| i.fstype);
-        return Some((p, fstype));
-    }
-    block::scan(Path::new("/sys/class/block"), Path::new("/dev"))
-        .into_iter()
-        .find_map(|d| {
-            let hit = match spec {
-                RootSpec::Uuid(u) => d.fs.as_ref().is_some_and(|f| f.uuid == *u),
-                RootSpec::Label(l) => d.fs.as_ref().is_some_and(|f| f.label == *l),
-                RootSpec::PartUuid(u) => d.part.as_ref().is_some_and(|p| p.partuuid == *u),
-                RootSpec::PartLabel(l) => d.part.as_ref().is_some_and(|p| p.partlabel == *l),
-                RootSpec::Dev(_) => false,
-            };
-            hit.then(|| (d.node.clone(), d.fs.as_ref().map(|f| f.fstype)))
-        })
+    crate::provision::fstab::find(spec, Path::new("/sys/class/block"), Path::new("/dev"))
 }
 
 /// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.

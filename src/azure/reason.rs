@@ -68,6 +68,8 @@ reasons! {
         "neither IMDS adminUsername nor ovf-env.xml UserName is set";
     InvalidUsername => "invalid username",
         "the user name is not valid or names an existing system account";
+    MountFstab => "failed to mount a filesystem from fstab",
+        "a filesystem the root's /etc/fstab mounts on a path azprov writes under (/home, /var, /var/log) could not be found or mounted";
     WriteHostname => "failed to write hostname",
         "/etc/hostname or /etc/hosts could not be written";
     CreateUser => "failed to create user",
@@ -166,6 +168,10 @@ mod tests {
                 (Reason::InvalidHostname, "invalid hostname"),
                 (Reason::NoUsername, "failed to determine username"),
                 (Reason::InvalidUsername, "invalid username"),
+                (
+                    Reason::MountFstab,
+                    "failed to mount a filesystem from fstab"
+                ),
                 (Reason::WriteHostname, "failed to write hostname"),
                 (Reason::CreateUser, "failed to create user"),
                 (Reason::WriteKeys, "failed to write authorized_keys"),

@@ -4,6 +4,7 @@
 
 pub mod clean;
 pub mod data;
+pub mod fstab;
 pub mod hostkeys;
 pub mod merge;
 pub mod run;

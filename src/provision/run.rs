@@ -2,6 +2,7 @@
 //! hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::data::ProvisioningData;
+use super::fstab;
 use super::hostkeys::{self, Keygen};
 use super::merge::merge;
 use super::state::{Acked, State};
@@ -332,6 +333,16 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
         s.timings_ms.total = ms(t0.elapsed());
         return s;
     }
+    // What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run and
+    // unmounted on every way out: the marker itself may live on /var.
+    let (_mounted, mount_failure) =
+        match fstab::mount_for_writes(&root, &opts.sys.join("class/block"), &opts.dev) {
+            Ok(m) => (m, None),
+            Err(f) => {
+                log::error!("{f}");
+                (fstab::Mounted::default(), Some(f))
+            }
+        };
     if !opts.force {
         if let Some(why) = already_provisioned(&root, &opts.dmi, &opts.sys) {
             log::info!("already provisioned ({why}); nothing to do");
@@ -421,6 +432,10 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
     // panic is caught here, and the report below says "internal error".
     let written = data.and_then(|data| {
         s.describe(&data);
+        // never into the directory a filesystem will be mounted over
+        if let Some(f) = mount_failure {
+            return Err(f);
+        }
         log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
         let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
         let hash = hashing.map(|h| {
