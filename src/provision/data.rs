@@ -40,11 +40,13 @@ impl fmt::Display for Invalid {
 impl std::error::Error for Invalid {}
 
 /// A hostname as `/etc/hostname` takes it: RFC 1123 labels (letters, digits, hyphens, not at
-/// a label's ends), at most 63 characters (longer names are truncated, as afterburn does).
+/// a label's ends), at most 64 characters, Linux's HOST_NAME_MAX and Azure's limit for a
+/// computer name (longer names are truncated, as afterburn does; 63 is DNS's limit for one
+/// label, not for the name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hostname(String);
 
-pub const HOSTNAME_MAX: usize = 63;
+pub const HOSTNAME_MAX: usize = 64;
 
 impl Hostname {
     pub fn parse(s: &str) -> Result<Hostname, Invalid> {
@@ -256,10 +258,13 @@ mod tests {
             "web01.example.com"
         );
         let long = "a".repeat(70);
-        assert_eq!(Hostname::parse(&long).unwrap().as_str().len(), 63);
+        assert_eq!(Hostname::parse(&long).unwrap().as_str().len(), 64);
+        // a 64-character name, as Azure allows and sethostname takes, is kept whole
+        let max = format!("{}.{}", "a".repeat(31), "b".repeat(32));
+        assert_eq!(Hostname::parse(&max).unwrap().as_str(), max);
         // truncation never leaves a trailing hyphen or dot
-        let edge = format!("{}-b", "a".repeat(62));
-        assert_eq!(Hostname::parse(&edge).unwrap().as_str(), "a".repeat(62));
+        let edge = format!("{}-b", "a".repeat(63));
+        assert_eq!(Hostname::parse(&edge).unwrap().as_str(), "a".repeat(63));
         for bad in [
             "",
             "-vm",

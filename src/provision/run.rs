@@ -371,6 +371,9 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
     let (ovf, net_start) = std::thread::scope(|sc| {
         // a panic in the media thread (a bug) is caught by its join, as `guarded` does
         let media = sc.spawn(|| read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE)));
+        // an SELinux root's file contexts (thousands of lines) are read while the network
+        // comes up, not when the first write needs them
+        sc.spawn(|| root.labels().is_some());
         let net_start = prepare_network(opts, deadline);
         let ovf = media.join().unwrap_or_else(|_| {
             Err(Failure::new(
