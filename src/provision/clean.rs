@@ -98,7 +98,16 @@ fn clean_user(
     dry_run: bool,
     c: &mut Cleaned,
 ) -> Result<(), WriteError> {
-    match state.and_then(|s| s.username.as_deref().map(|u| (u, s.user_created))) {
+    // the state's word, or the claim written before passwd named the user (a first boot cut
+    // short before its state was saved)
+    let owned = root.owned_user();
+    let recorded = state.and_then(|s| s.username.as_deref().map(|u| (u, s.user_created)));
+    let user = match (recorded, owned.as_deref()) {
+        (Some((u, false)), Some(o)) if u == o => Some((u, true)),
+        (None, Some(o)) => Some((o, true)),
+        (r, _) => r,
+    };
+    match user {
         None => c
             .notes
             .push("no user recorded in azprov's state: no user removed".into()),

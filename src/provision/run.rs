@@ -217,6 +217,27 @@ fn writable(opts: &Options) -> Option<crate::sys::mount::Writable> {
     }
 }
 
+/// What a run cut short left behind (a temporary of the state, the log, an account file) goes
+/// on every run, a provisioned reboot's too; only then is a read-only root made writable.
+fn remove_stale_temporaries(opts: &Options, root: &Sysroot) {
+    let stale = root.stale_temporaries();
+    if stale.is_empty() {
+        return;
+    }
+    let _writable = writable(opts);
+    for p in stale {
+        let removed = if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        match removed {
+            Ok(()) => log::info!("removed {}, left by an interrupted run", p.display()),
+            Err(e) => log::warn!("cannot remove {}: {e}", p.display()),
+        }
+    }
+}
+
 /// The IMDS reason for the last cause behind `e`, with the whole error as detail.
 fn imds_failure(e: &HttpError) -> Failure {
     fn reason(e: &HttpError) -> Reason {
@@ -343,6 +364,7 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
                 (fstab::Mounted::default(), Some(f))
             }
         };
+    remove_stale_temporaries(opts, &root);
     if !opts.force {
         if let Some(why) = already_provisioned(&root, &opts.dmi, &opts.sys) {
             log::info!("already provisioned ({why}); nothing to do");
@@ -445,8 +467,17 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
             h.join()
                 .unwrap_or_else(|_| Err(sysroot::WriteError::Corrupt("crypt panicked".into())))
         });
+        // what the state says once the marker is on disk, until the report's outcome replaces it
+        let owed = State {
+            hostname: s.hostname.clone(),
+            username: s.username.clone(),
+            user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
+            host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
+            host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
+            ..State::default()
+        };
         guarded("writing", || {
-            super::write::write_all(&root, &data, hash, &vm_id)
+            super::write::write_all(&root, &data, hash, &vm_id, &owed)
         })
     });
     let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);

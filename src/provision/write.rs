@@ -1,6 +1,7 @@
 //! Writing the provisioning data into the root in the order of the file contract.
 
 use super::data::ProvisioningData;
+use super::state::{Acked, State};
 use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG};
 use super::{Failure, Reason};
 use crate::secret::Secret;
@@ -23,11 +24,16 @@ pub struct Written {
 /// failed step that comes first in the contract's order. Each step's failure has its own
 /// [`Reason`]; a failed syncfs is the marker's. `hash` is `data.password` hashed already
 /// ([`hash_password`]); when it is None the password is hashed here.
+///
+/// Before the marker, `owed` is saved as the state with the report `pending`: from the moment
+/// the marker says "provisioned", the state on disk says Ready is still owed, so a run cut
+/// short before the health report is acknowledged is reported by the next boot.
 pub fn write_all(
     root: &Sysroot,
     data: &ProvisioningData,
     hash: Option<Result<Secret<String>, WriteError>>,
     vm_id: &str,
+    owed: &State,
 ) -> Result<Written, Failure> {
     let batch = root.batch();
     let (account, system) = std::thread::scope(|s| {
@@ -48,6 +54,15 @@ pub fn write_all(
         (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
     };
     synced.map_err(|e| Failure::new(Reason::WriteMarker, e))?;
+    let owed = State {
+        vm_id: Some(vm_id.to_string()),
+        provisioned_at: Some(crate::time::now_rfc3339()),
+        report: Some(Acked::Pending),
+        user_created: owed.user_created || account.created,
+        ..owed.clone()
+    };
+    owed.save(root)
+        .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
     root.write_state("provisioned", format!("{vm_id}\n").as_bytes())
         .map_err(|e| Failure::new(Reason::WriteMarker, e))?;
     Ok(Written {
@@ -172,7 +187,7 @@ mod tests {
     )]
     fn both_chains_write_and_the_marker_comes_last() {
         let (dir, root) = seeded("chains-ok");
-        let w = write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        let w = write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
         assert!(w.user_created);
         for f in [
             "etc/hostname",
@@ -196,11 +211,11 @@ mod tests {
     )]
     fn the_files_reach_the_disk_by_syncfs_before_passwd_the_home_and_the_marker() {
         let (dir, root) = seeded("chains-batch");
-        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
-        // inside the batch no rename fsynced its directory; the marker, after it, did. syncfs:
-        // before and after the group/shadow renames, before the home's rename, before and
-        // after the last renames
-        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 1);
+        write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
+        // inside the batch no rename fsynced its directory; the owed state and the marker,
+        // after it, did. syncfs: before and after the group/shadow renames, before the home's
+        // rename, before and after the last renames
+        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 2);
         assert_eq!(root.syncfs_calls.load(Ordering::SeqCst), 5);
         assert!(dir.join("var/lib/azprov/provisioned").exists());
         let left = std::process::Command::new("find")
@@ -211,7 +226,7 @@ mod tests {
         assert!(left.stdout.is_empty(), "temporaries left: {left:?}");
         // the batch ended with write_all: a later write syncs its directory again
         root.write("/etc/motd", b"hi\n", 0o644, (0, 0)).unwrap();
-        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 2);
+        assert_eq!(root.dir_syncs.load(Ordering::SeqCst), 3);
     }
 
     #[test]
@@ -221,7 +236,7 @@ mod tests {
     )]
     fn a_refused_user_gets_no_sudoers_line_and_no_marker() {
         let (dir, root) = seeded("chains-daemon");
-        let e = write_all(&root, &data("daemon"), None, "vm-1").unwrap_err();
+        let e = write_all(&root, &data("daemon"), None, "vm-1", &State::default()).unwrap_err();
         assert_eq!(e.reason, Reason::InvalidUsername);
         assert!(!dir.join("etc/sudoers.d/90-azprov").exists());
         assert!(!dir.join("var/lib/azprov/provisioned").exists());
@@ -242,14 +257,14 @@ mod tests {
         // no write succeeds: the hostname (system chain) and the user (account chain) fail
         let (dir, root) = seeded("chains-full");
         root.writes_left.store(0, Ordering::SeqCst);
-        let e = write_all(&root, &data("azureuser"), None, "vm-1").unwrap_err();
+        let e = write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap_err();
         assert_eq!(e.reason, Reason::WriteHostname);
         assert!(e.detail.contains("No space left"), "{}", e.detail);
         // one write allowed: whichever chain takes it, a later step fails and no marker is
         // written
         let (dir2, root2) = seeded("chains-one");
         root2.writes_left.store(1, Ordering::SeqCst);
-        assert!(write_all(&root2, &data("azureuser"), None, "vm-1").is_err());
+        assert!(write_all(&root2, &data("azureuser"), None, "vm-1", &State::default()).is_err());
         assert!(!dir2.join("var/lib/azprov/provisioned").exists());
         for d in [dir, dir2] {
             std::fs::remove_dir_all(&d).unwrap();
@@ -311,7 +326,7 @@ mod tests {
     )]
     fn on_an_selinux_root_everything_written_has_the_policys_label() {
         let (dir, root) = selinux_root("chains-selinux");
-        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
         root.write_state("state.json", b"{}").unwrap();
         root.mkdir("/var/log", 0o755, (0, 0)).unwrap();
         root.write(crate::provision::sysroot::LOG_FILE, b"x\n", 0o640, (0, 0))
@@ -384,11 +399,11 @@ mod tests {
     )]
     fn a_root_without_selinux_gets_no_label_and_a_disabled_one_neither() {
         let (dir, root) = seeded("chains-no-selinux");
-        write_all(&root, &data("azureuser"), None, "vm-1").unwrap();
+        write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
         let (dir2, _) = selinux_root("chains-selinux-off");
         std::fs::write(dir2.join("etc/selinux/config"), "SELINUX=disabled\n").unwrap();
         let root2 = Sysroot::new(&dir2);
-        write_all(&root2, &data("azureuser"), None, "vm-1").unwrap();
+        write_all(&root2, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
         for d in [&dir, &dir2] {
             for rel in ["/etc/passwd", "/home/azureuser", "/var/lib/azprov"] {
                 for (path, label) in labels_below(d, rel) {

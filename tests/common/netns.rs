@@ -291,6 +291,18 @@ impl Net {
             .unwrap()
     }
 
+    /// azprov started in the VM namespace, not waited for (a test that cuts it short).
+    pub fn azprov_spawn(&self, args: &[&str]) -> std::process::Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.vm, &super::bin()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     pub fn azprov(&self, args: &[&str]) -> Output {
         let bin = super::bin();
         let mut cmd = vec![bin.as_str()];

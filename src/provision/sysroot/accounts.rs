@@ -1,7 +1,10 @@
 //! The account files: passwd, shadow, group and gshadow edited in place, the password hashed
 //! with SHA-512 crypt, a new home filled from /etc/skel.
 
-use super::{io_err, write_temp, Sysroot, WriteError};
+use super::{io_err, write_temp, Sysroot, WriteError, STATE_DIR};
+
+/// The file in azprov's state directory that names the user azprov created.
+pub const OWNED_USER: &str = "user";
 use crate::provision::data::Username;
 use crate::secret::Secret;
 use std::fs;
@@ -202,11 +205,12 @@ impl Sysroot {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(uid);
             let home = passwd.field(i, 5).unwrap_or("").to_string();
+            // a user an interrupted run of azprov's created is still azprov's
             Account {
                 uid,
                 gid,
                 home,
-                created: false,
+                created: self.owned_user().as_deref() == Some(name),
             }
         } else {
             let used_uids = passwd.ids(2);
@@ -238,6 +242,10 @@ impl Sysroot {
             };
             let home = format!("/home/{name}");
             let shell = self.login_shell();
+            // azprov's claim on the user is on disk before passwd names it (the barrier
+            // below renames it with group and shadow; passwd goes after), so `clean --user`
+            // removes an admin whose first boot was cut short anywhere after that
+            self.write_state(OWNED_USER, format!("{name}\n").as_bytes())?;
             passwd.push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
             // each file on its own: a run interrupted between the rewrites left some of them
             if group.find(name).is_none() {
@@ -285,6 +293,16 @@ impl Sysroot {
             self.make_home(&account)?;
         }
         Ok(account)
+    }
+
+    /// The user azprov created in this root (`/var/lib/azprov/user`), if any.
+    pub fn owned_user(&self) -> Option<String> {
+        let b = self
+            .read(&format!("{STATE_DIR}/{OWNED_USER}"))
+            .ok()
+            .flatten()?;
+        let name = String::from_utf8_lossy(&b).trim().to_string();
+        (!name.is_empty()).then_some(name)
     }
 
     /// The home directory /etc/passwd names for `name`, or None when there is no such user.

@@ -328,11 +328,52 @@ impl Sysroot {
             let parent = parent.to_string_lossy();
             self.mkdir(&parent, 0o755, (0, 0))?;
         }
-        fs::create_dir(&p).map_err(io_err("mkdir", &p))?;
+        match fs::create_dir(&p) {
+            // made by the other write chain in the meantime
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return match fs::symlink_metadata(&p) {
+                    Ok(md) if md.is_dir() => Ok(p),
+                    _ => Err(io_err("mkdir", &p)(e)),
+                };
+            }
+            r => r.map_err(io_err("mkdir", &p))?,
+        }
         fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))?;
         std::os::unix::fs::lchown(&p, Some(owner.0), Some(owner.1)).map_err(io_err("chown", &p))?;
         self.label(&p, libc::S_IFDIR)?;
         Ok(p)
+    }
+
+    /// The temporaries (`.NAME.azprov-tmp`, files or a home's directory) an interrupted run
+    /// left in the directories azprov writes into, as host paths.
+    pub fn stale_temporaries(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<String> = [
+            "/etc",
+            "/etc/ssh",
+            "/etc/ssh/sshd_config.d",
+            "/etc/sudoers.d",
+            STATE_DIR,
+            "/var/log",
+            "/home",
+        ]
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+        if let Ok(p) = self.resolve("/home/x") {
+            for name in p.parent().map(crate::sys::sorted_names).unwrap_or_default() {
+                dirs.push(format!("/home/{name}/.ssh"));
+            }
+        }
+        dirs.iter()
+            .filter_map(|d| self.resolve(&format!("{d}/x")).ok())
+            .filter_map(|p| p.parent().map(Path::to_path_buf))
+            .flat_map(|dir| {
+                crate::sys::sorted_names(&dir)
+                    .into_iter()
+                    .filter(|n| n.starts_with('.') && n.ends_with(".azprov-tmp"))
+                    .map(move |n| dir.join(n))
+            })
+            .collect()
     }
 
     /// Removes `path` inside the root: a directory with its contents, a symlink itself (never

@@ -178,9 +178,10 @@ fn new_user_gets_accounts_home_and_locked_password() {
         text(&dir.join("etc/skel/.bashrc"))
     );
     assert_eq!(owner(&home.join(".profile")), (1000, 1000));
-    // a second run finds the user and adds nothing
+    // a second run finds the user and adds nothing; it is still azprov's own
     let again = root.ensure_user(&u, None).unwrap();
-    assert!(!again.created);
+    assert!(again.created);
+    assert_eq!(root.owned_user().as_deref(), Some("azureuser"));
     assert_eq!(
         text(&dir.join("etc/passwd")).matches("azureuser").count(),
         2
