@@ -53,7 +53,7 @@ pub fn write_all(
         (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
         (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
     };
-    synced.map_err(|e| Failure::new(Reason::WriteMarker, e))?;
+    synced.map_err(|e| Failure::new(reason_for(&e, Reason::WriteMarker), e))?;
     let owed = State {
         vm_id: Some(vm_id.to_string()),
         provisioned_at: Some(crate::time::now_rfc3339()),
@@ -73,8 +73,59 @@ pub fn write_all(
 /// A failed step: its place in the contract's order (docs/DESIGN.md §3), and the failure.
 type Step = (u8, Failure);
 
-fn fail(at: u8, reason: Reason) -> impl Fn(WriteError) -> Step {
-    move |e| (at, Failure::new(reason, e))
+/// The contract's steps in order, with the files each writes (as the end of a host path).
+const STEPS: &[(Reason, &[&str])] = &[
+    (Reason::WriteHostname, &["/etc/hostname", "/etc/hosts"]),
+    (
+        Reason::CreateUser,
+        &[
+            "/etc/passwd",
+            "/etc/shadow",
+            "/etc/group",
+            "/etc/gshadow",
+            "/etc/subuid",
+            "/etc/subgid",
+            "/var/lib/azprov/user",
+        ],
+    ),
+    (Reason::WriteKeys, &["/authorized_keys"]),
+    (
+        Reason::WriteSudoers,
+        &["/etc/sudoers.d/90-azprov", "/etc/sudoers"],
+    ),
+    (
+        Reason::WriteSshd,
+        &[
+            "/etc/ssh/sshd_config.d/50-azprov.conf",
+            "/etc/ssh/sshd_config",
+        ],
+    ),
+    (Reason::WriteCustomData, &["/var/lib/azprov/customdata"]),
+    (Reason::WriteUserData, &["/var/lib/azprov/userdata"]),
+    (Reason::WriteImds, &["/var/lib/azprov/imds.json"]),
+];
+
+/// The step a failed write belongs to: the one whose file it names (a batch's barrier renames
+/// every chain's files, so the step that ran it is not always the one that failed), else
+/// `fallback`.
+fn reason_for(e: &WriteError, fallback: Reason) -> Reason {
+    let WriteError::Io { path, .. } = e else {
+        return fallback;
+    };
+    STEPS
+        .iter()
+        .find(|(_, files)| files.iter().any(|f| path.ends_with(f)))
+        .map_or(fallback, |(r, _)| *r)
+}
+
+/// `reason`'s failure for `e`, or the failure of the step whose file `e` names, with its place
+/// in the contract's order.
+fn fail(reason: Reason) -> impl Fn(WriteError) -> Step {
+    move |e| {
+        let r = reason_for(&e, reason);
+        let at = STEPS.iter().position(|(s, _)| *s == r).unwrap_or(0);
+        (u8::try_from(at).unwrap_or(0), Failure::new(r, e))
+    }
 }
 
 /// The account chain: the user (passwd, shadow, group, gshadow, home), its keys, sudoers.
@@ -89,12 +140,12 @@ fn write_account(
         (Some(_), Some(h)) => Some(h),
         (Some(p), None) => Some(hash_password(p)),
     };
-    let hash = hash.transpose().map_err(fail(1, Reason::CreateUser))?;
+    let hash = hash.transpose().map_err(fail(Reason::CreateUser))?;
     let account = root.ensure_user(user, hash.as_ref()).map_err(|e| match e {
         WriteError::SystemAccount { .. }
         | WriteError::NoLogin { .. }
         | WriteError::SystemGroup { .. } => (1, Failure::new(Reason::InvalidUsername, e)),
-        e => (1, Failure::new(Reason::CreateUser, e)),
+        e => fail(Reason::CreateUser)(e),
     })?;
     log::info!(
         "user {user} (uid {}, {}) from {}",
@@ -109,25 +160,25 @@ fn write_account(
     if !data.keys.is_empty() {
         let files = root
             .write_keys(&account, user, &data.keys)
-            .map_err(fail(2, Reason::WriteKeys))?;
+            .map_err(fail(Reason::WriteKeys))?;
         log::info!("{} SSH key(s) into {}", data.keys.len(), files.join(", "));
     }
     root.write_sudoers(user, data.password.is_some())
-        .map_err(fail(3, Reason::WriteSudoers))?;
+        .map_err(fail(Reason::WriteSudoers))?;
     Ok(account)
 }
 
 /// The system chain: hostname, sshd's password setting, custom data, user data, IMDS.
 fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
     root.write_hostname(&data.hostname.0)
-        .map_err(fail(0, Reason::WriteHostname))?;
+        .map_err(fail(Reason::WriteHostname))?;
     let password_auth = match data.disable_password_auth {
         Some((disable, _)) => !disable,
         None => data.password.is_some(),
     };
     match root
         .write_sshd(password_auth)
-        .map_err(fail(4, Reason::WriteSshd))?
+        .map_err(fail(Reason::WriteSshd))?
     {
         Some(at) => log::info!(
             "sshd PasswordAuthentication {} in {at}{}",
@@ -142,15 +193,15 @@ fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
     }
     if let Some(c) = &data.custom_data {
         root.write_state("customdata", c.expose())
-            .map_err(fail(5, Reason::WriteCustomData))?;
+            .map_err(fail(Reason::WriteCustomData))?;
     }
     if let Some(u) = &data.user_data {
         root.write_state("userdata", u.expose())
-            .map_err(fail(6, Reason::WriteUserData))?;
+            .map_err(fail(Reason::WriteUserData))?;
     }
     if let Some(j) = &data.imds_json {
         root.write_state("imds.json", j.expose())
-            .map_err(fail(7, Reason::WriteImds))?;
+            .map_err(fail(Reason::WriteImds))?;
     }
     Ok(())
 }
@@ -414,5 +465,45 @@ mod tests {
         for d in [dir, dir2] {
             std::fs::remove_dir_all(&d).unwrap();
         }
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn a_rename_that_fails_in_a_barrier_is_reported_as_its_own_files_step() {
+        // /etc/hostname is a directory with something in it: its temporary is written, and
+        // the rename fails in whichever barrier runs first (the account chain's, after shadow)
+        let (dir, root) = seeded("chains-rename");
+        std::fs::remove_file(dir.join("etc/hostname")).unwrap();
+        std::fs::create_dir_all(dir.join("etc/hostname/x")).unwrap();
+        let e = write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap_err();
+        assert_eq!(e.reason, Reason::WriteHostname, "{}", e.detail);
+        assert!(e.detail.contains("etc/hostname"), "{}", e.detail);
+        assert!(!dir.join("var/lib/azprov/provisioned").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root (runs as root and under CI=true)"
+    )]
+    fn the_state_owing_ready_is_on_disk_with_the_marker() {
+        let (dir, root) = seeded("chains-owed");
+        let owed = State {
+            hostname: Some("vm-chains".into()),
+            username: Some("azureuser".into()),
+            ..State::default()
+        };
+        write_all(&root, &data("azureuser"), None, "vm-1", &owed).unwrap();
+        let st = State::load(&root).unwrap();
+        assert_eq!(st.report, Some(Acked::Pending));
+        assert_eq!(st.vm_id.as_deref(), Some("vm-1"));
+        assert!(st.provisioned_at.is_some() && st.user_created);
+        assert_eq!(st.username.as_deref(), Some("azureuser"));
+        assert_eq!(root.owned_user().as_deref(), Some("azureuser"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

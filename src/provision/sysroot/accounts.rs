@@ -275,16 +275,35 @@ impl Sysroot {
             }
         }
         // group and gshadow first (on disk before passwd in a batch too), so a passwd entry
-        // never names a missing group
-        self.rewrite("/etc/group", &group.bytes(), 0o644)?;
-        if gshadow_present {
-            self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
-        }
-        self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
-        if account.created {
-            for (file, kind) in [("/etc/subuid", "UID"), ("/etc/subgid", "GID")] {
-                self.add_subordinate_ids(file, kind, name, &defs)?;
+        // never names a missing group; in a batch they go into place together or, when one
+        // cannot be written, none of them does (a group without its gshadow line)
+        let together = || -> Result<(), WriteError> {
+            self.rewrite("/etc/group", &group.bytes(), 0o644)?;
+            if gshadow_present {
+                self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
             }
+            self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
+            if account.created {
+                for (file, kind) in [("/etc/subuid", "UID"), ("/etc/subgid", "GID")] {
+                    self.add_subordinate_ids(file, kind, name, &defs)?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = together() {
+            let files = [
+                "/etc/group",
+                "/etc/gshadow",
+                "/etc/shadow",
+                "/etc/subuid",
+                "/etc/subgid",
+            ];
+            let targets: Vec<_> = files
+                .iter()
+                .filter_map(|f| self.resolve_full(f).ok())
+                .collect();
+            self.discard(&targets);
+            return Err(e);
         }
         self.barrier()?;
         self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;

@@ -10,7 +10,7 @@ pub const SSHD_CONFIG: &str = "/etc/ssh/sshd_config";
 use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path};
 
 impl Sysroot {
@@ -217,7 +217,16 @@ impl Sysroot {
     }
 
     pub fn write_state(&self, name: &str, data: &[u8]) -> Result<(), WriteError> {
-        self.mkdir(STATE_DIR, 0o700, (0, 0))?;
+        let dir = self.mkdir(STATE_DIR, 0o700, (0, 0))?;
+        // azprov's own directory: whatever mode an earlier run or the image left, it is private
+        match fs::symlink_metadata(&dir) {
+            Ok(md) if md.mode() & 0o7777 != 0o700 || md.uid() != 0 => {
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                    .map_err(io_err("chmod", &dir))?;
+                std::os::unix::fs::lchown(&dir, Some(0), Some(0)).map_err(io_err("chown", &dir))?;
+            }
+            _ => {}
+        }
         self.write(&format!("{STATE_DIR}/{name}"), data, 0o600, (0, 0))
     }
 

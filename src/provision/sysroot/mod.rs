@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -204,6 +204,25 @@ impl Sysroot {
         self.syncfs()
     }
 
+    /// Drops the batch's temporaries for `targets` (host paths) before any barrier renames
+    /// them: files that must go into place together or not at all.
+    pub(super) fn discard(&self, targets: &[PathBuf]) {
+        if let Some(list) = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            list.retain(|(tmp, target)| {
+                let drop = targets.contains(target);
+                if drop {
+                    let _ = fs::remove_file(tmp);
+                }
+                !drop
+            });
+        }
+    }
+
     /// syncfs(2) of the root's filesystem.
     fn syncfs(&self) -> Result<(), WriteError> {
         #[cfg(test)]
@@ -328,7 +347,9 @@ impl Sysroot {
             let parent = parent.to_string_lossy();
             self.mkdir(&parent, 0o755, (0, 0))?;
         }
-        match fs::create_dir(&p) {
+        // created with its final mode (less the umask), so a run cut short before the chmod
+        // never leaves it wider than it should be
+        match fs::DirBuilder::new().mode(mode).create(&p) {
             // made by the other write chain in the meantime
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return match fs::symlink_metadata(&p) {

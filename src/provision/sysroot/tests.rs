@@ -772,3 +772,99 @@ fn a_batch_puts_its_files_in_place_at_the_barrier_and_drops_what_it_never_synced
     assert_eq!(text(&dir.join("etc/motd")), "now\n");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn the_account_files_go_into_place_together_or_not_at_all() {
+    use std::sync::atomic::Ordering;
+    let (dir, root) = seeded("accounts-together");
+    let before: Vec<String> = ["etc/group", "etc/gshadow", "etc/shadow", "etc/passwd"]
+        .iter()
+        .map(|f| text(&dir.join(f)))
+        .collect();
+    // the claim on the user and group are written, gshadow's temporary hits a full disk
+    root.writes_left.store(2, Ordering::SeqCst);
+    let batch = root.batch();
+    let e = root
+        .ensure_user(&Username::parse("azureuser").unwrap(), None)
+        .unwrap_err();
+    assert!(e.to_string().contains("No space left"), "{e}");
+    batch.sync().unwrap();
+    drop(batch);
+    let after: Vec<String> = ["etc/group", "etc/gshadow", "etc/shadow", "etc/passwd"]
+        .iter()
+        .map(|f| text(&dir.join(f)))
+        .collect();
+    assert_eq!(
+        after, before,
+        "a group went into place without its gshadow line"
+    );
+    assert!(root.stale_temporaries().is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn azprovs_state_directory_is_private_whatever_an_earlier_run_left() {
+    let (dir, root) = seeded("state-mode");
+    // a run cut between mkdir and chmod, under the usual umask
+    fs::create_dir(dir.join("var/lib/azprov")).unwrap();
+    fs::set_permissions(
+        dir.join("var/lib/azprov"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    root.write_state("state.json", b"{}").unwrap();
+    assert_eq!(mode(&dir.join("var/lib/azprov")), 0o700);
+    // a new directory is never wider than its final mode, even before the chmod
+    root.mkdir("/var/lib/new/deeper", 0o700, (0, 0)).unwrap();
+    assert_eq!(mode(&dir.join("var/lib/new/deeper")), 0o700);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn stale_temporaries_are_found_where_azprov_writes_and_nowhere_else() {
+    let (dir, root) = seeded("stale");
+    fs::create_dir_all(dir.join("var/lib/azprov")).unwrap();
+    fs::create_dir_all(dir.join("home/alice/.ssh")).unwrap();
+    for f in [
+        "etc/.passwd.azprov-tmp",
+        "var/lib/azprov/.state.json.azprov-tmp",
+        "var/log/.azprov.log.azprov-tmp",
+        "home/alice/.ssh/.authorized_keys.azprov-tmp",
+        // not azprov's: kept
+        "etc/passwd.azprov-tmp",
+        "etc/.passwd.tmp",
+        "var/.x.azprov-tmp",
+    ] {
+        fs::write(dir.join(f), "x").unwrap();
+    }
+    fs::create_dir(dir.join("home/.bob.azprov-tmp")).unwrap();
+    let mut found: Vec<String> = root
+        .stale_temporaries()
+        .iter()
+        .map(|p| p.strip_prefix(&dir).unwrap().display().to_string())
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "etc/.passwd.azprov-tmp",
+            "home/.bob.azprov-tmp",
+            "home/alice/.ssh/.authorized_keys.azprov-tmp",
+            "var/lib/azprov/.state.json.azprov-tmp",
+            "var/log/.azprov.log.azprov-tmp",
+        ]
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
