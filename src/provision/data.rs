@@ -134,9 +134,15 @@ impl fmt::Display for Username {
     }
 }
 
-/// One OpenSSH public key line: `[options] TYPE BASE64 [comment]`, no CR/LF inside.
+/// One OpenSSH public key line: `[options] TYPE BASE64 [comment]`, no CR/LF inside. The
+/// options field is read as sshd reads it: up to the first white space outside double quotes
+/// (`command="echo ssh-rsa AAAA"` is an option, not a key).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SshKey(String);
+pub struct SshKey {
+    line: String,
+    /// Where TYPE starts in `line`.
+    type_at: usize,
+}
 
 const KEY_TYPES: [&str; 6] = [
     "ssh-rsa",
@@ -150,49 +156,80 @@ const KEY_TYPES: [&str; 6] = [
 /// The longest key line accepted.
 pub const SSH_KEY_MAX: usize = 16 * 1024;
 
+/// The most keys written for one user; more are dropped with a warning (OpenSSH has no limit,
+/// but thousands of lines only slow every login down).
+pub const SSH_KEYS_MAX: usize = 1000;
+
+fn is_key_type(w: &str) -> bool {
+    KEY_TYPES.iter().any(|t| w.starts_with(t))
+}
+
+/// The byte where the options field of `line` ends (white space outside double quotes, a
+/// backslash escaping the next byte inside them); None when a quote is left open.
+fn options_end(line: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    (!quoted).then_some(line.len())
+}
+
 impl SshKey {
     pub fn parse(s: &str) -> Result<SshKey, Invalid> {
         if s.len() > SSH_KEY_MAX {
             return Err(Invalid::SshKeyTooLong { len: s.len() });
         }
         let line: String = s.chars().filter(|c| *c != '\r' && *c != '\n').collect();
-        let line = line.trim();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let type_at = words
-            .iter()
-            .position(|w| KEY_TYPES.iter().any(|t| w.starts_with(t)));
-        let ok = type_at.is_some_and(|i| {
-            words.get(i + 1).is_some_and(|b64| {
+        let line = line.trim().to_string();
+        let invalid = || Invalid::SshKey {
+            start: line.chars().take(24).collect(),
+        };
+        // a line that starts with its type has no options; else the options field comes first
+        let first = line.split_whitespace().next().unwrap_or("");
+        let type_at = if is_key_type(first) {
+            0
+        } else {
+            let end = options_end(&line).ok_or_else(invalid)?;
+            let rest = line.get(end..).ok_or_else(invalid)?;
+            end + (rest.len() - rest.trim_start().len())
+        };
+        let mut words = line.get(type_at..).unwrap_or("").split_whitespace();
+        let ok = words.next().is_some_and(is_key_type)
+            && words.next().is_some_and(|b64| {
                 b64.len() >= 16
                     && b64
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
-            })
-        });
-        if !ok {
-            return Err(Invalid::SshKey {
-                start: line.chars().take(24).collect(),
             });
+        if !ok {
+            return Err(invalid());
         }
-        Ok(SshKey(line.to_string()))
+        Ok(SshKey { line, type_at })
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.line
     }
 
-    /// The key without options and comment, for de-duplication.
+    /// The options field (`command="…",no-pty`), empty when there is none.
+    pub fn options(&self) -> &str {
+        self.line.get(..self.type_at).unwrap_or("").trim_end()
+    }
+
+    /// The key without options and comment (TYPE BASE64), for de-duplication.
     pub fn identity(&self) -> String {
-        let words: Vec<&str> = self.0.split_whitespace().collect();
-        let i = words
-            .iter()
-            .position(|w| KEY_TYPES.iter().any(|t| w.starts_with(t)))
-            .unwrap_or(0);
-        words
-            .iter()
-            .skip(i)
+        self.line
+            .get(self.type_at..)
+            .unwrap_or("")
+            .split_whitespace()
             .take(2)
-            .copied()
             .collect::<Vec<_>>()
             .join(" ")
     }
@@ -314,6 +351,36 @@ mod tests {
             "ssh-rsa",
             "ssh-rsa short",
             "ssh-rsa AAAA$$$$$$$$$$$$$$$$",
+        ] {
+            assert!(SshKey::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_options_field_is_read_quote_aware_as_sshd_reads_it() {
+        const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK2";
+        // a key-type word inside a quoted option is part of the option
+        let k = SshKey::parse(&format!(
+            "command=\"echo ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB\",no-pty {ED} me"
+        ))
+        .unwrap();
+        assert_eq!(k.identity(), ED);
+        assert_eq!(
+            k.options(),
+            "command=\"echo ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB\",no-pty"
+        );
+        // an escaped quote does not end the quoted part
+        let k = SshKey::parse(&format!("command=\"a \\\" b\" {ED}")).unwrap();
+        assert_eq!(k.identity(), ED);
+        assert_eq!(SshKey::parse(ED).unwrap().options(), "");
+        for bad in [
+            // the only key words are inside the quotes: no key at all
+            "command=\"echo ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB\"",
+            "command=\"echo ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB\" no-key-here",
+            // a quote left open
+            "command=\"/bin/false ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK2",
+            // two option fields
+            "no-pty no-agent-forwarding ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK2",
         ] {
             assert!(SshKey::parse(bad).is_err(), "{bad}");
         }

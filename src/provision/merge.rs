@@ -2,7 +2,9 @@
 //! value came from. IMDS wins where both have a value (docs/DESIGN.md §3); the password and custom
 //! data exist only in ovf-env.xml, user data only in IMDS.
 
-use super::data::{Hostname, Invalid, KeyEntry, ProvisioningData, Source, SshKey, Username};
+use super::data::{
+    Hostname, Invalid, KeyEntry, ProvisioningData, Source, SshKey, Username, SSH_KEYS_MAX,
+};
 use super::{Failure, Reason};
 use crate::azure::imds::Imds;
 use crate::azure::ovf::OvfEnv;
@@ -52,6 +54,8 @@ pub fn merge(
     )?;
 
     let mut keys: Vec<KeyEntry> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut over = 0usize;
     let imds_keys = m.map(|m| {
         m.ssh_keys
             .iter()
@@ -68,10 +72,14 @@ pub fn merge(
         .chain(ovf_keys.into_iter().flatten())
     {
         match SshKey::parse(text) {
-            Ok(key) if keys.iter().any(|e| e.key.identity() == key.identity()) => {}
+            Ok(key) if !seen.insert(key.identity()) => {}
+            Ok(_) if keys.len() >= SSH_KEYS_MAX => over += 1,
             Ok(key) => keys.push(KeyEntry { key, path, source }),
             Err(e) => log::warn!("skipping an SSH key from {source}: {e}"),
         }
+    }
+    if over > 0 {
+        log::warn!("{over} SSH key(s) over the limit of {SSH_KEYS_MAX} left out");
     }
 
     let disable_password_auth = match (
@@ -172,6 +180,27 @@ mod tests {
         }
         let d = merge(&Ok(Some(env)), &m).unwrap();
         assert_eq!(d.keys.len(), 2);
+    }
+
+    #[test]
+    fn thousands_of_keys_are_merged_in_one_pass_and_capped() {
+        let (_, mut m) = both();
+        if let Ok(m) = &mut m {
+            let template = m.ssh_keys[0].clone();
+            m.ssh_keys = (0..10_000)
+                .map(|i| {
+                    let mut k = template.clone();
+                    // every key distinct, every second one twice
+                    k.data = format!("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{:012} k{i}", i / 2);
+                    k
+                })
+                .collect();
+        }
+        let d = merge(&Ok(None), &m).unwrap();
+        assert_eq!(d.keys.len(), SSH_KEYS_MAX);
+        let mut ids: Vec<String> = d.keys.iter().map(|k| k.key.identity()).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), SSH_KEYS_MAX);
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl Sysroot {
     ) -> Result<Vec<String>, WriteError> {
         let default = format!("{}/.ssh/authorized_keys", account.home);
         let mut files: Vec<(String, Vec<&KeyEntry>)> = Vec::new();
+        let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for k in keys {
             let wanted = k.path.as_deref().map(|p| p.replace("$HOME", "/home"));
             let path = match wanted {
@@ -66,9 +67,16 @@ impl Sysroot {
                 }
                 None => default.clone(),
             };
-            match files.iter_mut().find(|(f, _)| *f == path) {
-                Some((_, list)) => list.push(k),
-                None => files.push((path, vec![k])),
+            match index.get(&path) {
+                Some(&i) => {
+                    if let Some((_, list)) = files.get_mut(i) {
+                        list.push(k);
+                    }
+                }
+                None => {
+                    index.insert(path.clone(), files.len());
+                    files.push((path, vec![k]));
+                }
             }
         }
         let owner = (account.uid, account.gid);
@@ -136,15 +144,25 @@ impl Sysroot {
                 Err(e) => return Err(io_err("read", &p)(e)),
             };
             let mut lines: Vec<String> = existing.lines().map(str::to_string).collect();
-            let have: Vec<String> = lines
+            // the line each key is on; the metadata's line replaces an image's line for the
+            // same key (a `command="/bin/false"` there must not become the admin's login), as
+            // cloud-init does
+            let mut at: std::collections::HashMap<String, usize> = lines
                 .iter()
-                .filter_map(|l| SshKey::parse(l).ok().map(|k| k.identity()))
+                .enumerate()
+                .filter_map(|(i, l)| SshKey::parse(l).ok().map(|k| (k.identity(), i)))
                 .collect();
             for k in list {
-                if !have.contains(&k.key.identity())
-                    && !lines.iter().any(|l| l.trim() == k.key.as_str())
-                {
-                    lines.push(k.key.as_str().to_string());
+                match at.get(&k.key.identity()) {
+                    Some(&i) => {
+                        if let Some(l) = lines.get_mut(i) {
+                            *l = k.key.as_str().to_string();
+                        }
+                    }
+                    None => {
+                        at.insert(k.key.identity(), lines.len());
+                        lines.push(k.key.as_str().to_string());
+                    }
                 }
             }
             let mut text = lines.join("\n");

@@ -430,6 +430,10 @@ fn keys_are_merged_without_duplicates() {
     // again: nothing new
     root.write_keys(&a, &u, &[key(K2)]).unwrap();
     assert_eq!(text(&ak).lines().count(), 3);
+    // an image's restricted line for the admin's key gives way to the metadata's line, in place
+    fs::write(&ak, format!("# mine\ncommand=\"/bin/false\" {K1}\n{K2}\n")).unwrap();
+    root.write_keys(&a, &u, &[key(K1)]).unwrap();
+    assert_eq!(text(&ak), format!("# mine\n{K1}\n{K2}\n"));
     fs::remove_dir_all(&dir).unwrap();
 }
 
