@@ -310,6 +310,8 @@ impl Sysroot {
 
         if !self.exists(&account.home) {
             self.make_home(&account)?;
+        } else {
+            self.claim_home(&account, name, &passwd)?;
         }
         Ok(account)
     }
@@ -486,6 +488,38 @@ impl Sysroot {
         self.rewrite(file, &table.bytes(), 0o644)
     }
 
+    /// A home that exists already and belongs to another uid (left in the image by a user
+    /// that was removed, or made by hand) is taken over, its whole tree given to the user, when
+    /// no other account has that uid: sshd's StrictModes would refuse the keys in it
+    /// otherwise. One that another account owns is refused, naming it.
+    fn claim_home(&self, account: &Account, name: &str, passwd: &Table) -> Result<(), WriteError> {
+        let home = self.resolve(&account.home)?;
+        let Ok(md) = fs::symlink_metadata(&home) else {
+            return Ok(());
+        };
+        if md.file_type().is_symlink() || md.uid() == account.uid {
+            return Ok(());
+        }
+        let owner = (0..passwd.0.len()).find_map(|i| {
+            let uid: u32 = passwd.field(i, 2)?.parse().ok()?;
+            let who = passwd.field(i, 0)?;
+            (uid == md.uid() && who != name).then(|| who.to_string())
+        });
+        if let Some(owner) = owner {
+            return Err(WriteError::HomeOwned {
+                home: account.home.clone(),
+                owner,
+                uid: md.uid(),
+            });
+        }
+        log::warn!(
+            "{} belonged to uid {}, which no account has: given to {name}",
+            account.home,
+            md.uid()
+        );
+        chown_tree(&home, (account.uid, account.gid))
+    }
+
     /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it,
     /// made durable (each file and then each directory fsynced; in a batch one syncfs) and
     /// renamed into place, the parent fsynced (or with the batch): a run cut short leaves no
@@ -590,4 +624,17 @@ impl Sysroot {
         }
         Ok(())
     }
+}
+
+/// `path` and everything below it (symlinks themselves, never their targets) given to `owner`.
+fn chown_tree(path: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
+    std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).map_err(io_err("chown", path))?;
+    let md = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
+    if md.is_dir() {
+        for entry in fs::read_dir(path).map_err(io_err("read", path))? {
+            let entry = entry.map_err(io_err("read", path))?;
+            chown_tree(&entry.path(), owner)?;
+        }
+    }
+    Ok(())
 }

@@ -53,6 +53,12 @@ pub enum WriteError {
     },
     /// No free uid or gid in the login.defs range.
     NoFreeId,
+    /// The user's home exists and another account owns it.
+    HomeOwned {
+        home: String,
+        owner: String,
+        uid: u32,
+    },
     Corrupt(String),
 }
 
@@ -75,6 +81,10 @@ impl std::fmt::Display for WriteError {
                 write!(f, "a system group named {name} exists (gid {gid})")
             }
             WriteError::NoFreeId => write!(f, "no free uid/gid in the login.defs range"),
+            WriteError::HomeOwned { home, owner, uid } => write!(
+                f,
+                "{home} exists and belongs to the account {owner} (uid {uid}); not taken over"
+            ),
             WriteError::Corrupt(m) => write!(f, "{m}"),
         }
     }

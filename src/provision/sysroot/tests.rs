@@ -872,3 +872,51 @@ fn stale_temporaries_are_found_where_azprov_writes_and_nowhere_else() {
     );
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_home_left_by_another_uid_is_taken_over_unless_an_account_owns_it() {
+    let (dir, root) = seeded("home-owner");
+    let u = Username::parse("azureuser").unwrap();
+    // left by a removed user: uid 4242 is nobody's
+    let home = dir.join("home/azureuser");
+    fs::create_dir_all(home.join(".ssh")).unwrap();
+    fs::write(home.join(".ssh/authorized_keys"), "").unwrap();
+    for p in [
+        &home,
+        &home.join(".ssh"),
+        &home.join(".ssh/authorized_keys"),
+    ] {
+        std::os::unix::fs::lchown(p, Some(4242), Some(4242)).unwrap();
+    }
+    let a = root.ensure_user(&u, None).unwrap();
+    for p in [
+        &home,
+        &home.join(".ssh"),
+        &home.join(".ssh/authorized_keys"),
+    ] {
+        assert_eq!(owner(p), (a.uid, a.gid), "{}", p.display());
+    }
+    // another account's home under that name: refused, naming the owner
+    let (dir2, root2) = seeded("home-owner-2");
+    let passwd = text(&dir2.join("etc/passwd"));
+    fs::write(
+        dir2.join("etc/passwd"),
+        format!("{passwd}alice:x:1500:1500::/home/alice:/bin/bash\n"),
+    )
+    .unwrap();
+    fs::create_dir_all(dir2.join("home/azureuser")).unwrap();
+    std::os::unix::fs::lchown(dir2.join("home/azureuser"), Some(1500), Some(1500)).unwrap();
+    let e = root2.ensure_user(&u, None).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("/home/azureuser exists and belongs to the account alice"),
+        "{e}"
+    );
+    for d in [dir, dir2] {
+        fs::remove_dir_all(d).unwrap();
+    }
+}
