@@ -8,6 +8,7 @@ use super::link::{self, LinkError, LinkUp, Nic};
 use super::rtnl::NetlinkError;
 use super::wire::dhcpv4::{DhcpMessage, CLIENT_PORT, SERVER_PORT};
 use super::wire::ipv4::UdpIpv4;
+use super::wire::WireError;
 use crate::deadline::Deadline;
 use crate::sys::packet::PacketSocket;
 use crate::sys::Errno;
@@ -148,17 +149,36 @@ impl Prepared {
                 Action::Wait(until) => {
                     let wait = until.saturating_sub(now);
                     match sock.recv(&mut buf, wait) {
-                        Ok(Some(n)) => {
-                            if let Some(m) = buf.get(..n).and_then(decode) {
+                        Ok(Some(n)) => match decode(buf.get(..n).unwrap_or_default()) {
+                            Decoded::NotDhcp => {}
+                            Decoded::Malformed(e) => {
+                                log::warn!("dhcp: a reply on {} dropped: {e}", nic.name);
+                            }
+                            Decoded::Reply(m) => {
+                                for (code, why) in &m.skipped {
+                                    log::warn!(
+                                        "dhcp: option {code} from {:?} skipped: {why}",
+                                        m.server_id
+                                    );
+                                }
                                 if client.handle(t0.elapsed(), &m) {
                                     log::debug!(
                                         "dhcp: got {:?} from {:?}",
                                         m.message_type,
                                         m.server_id
                                     );
+                                } else {
+                                    log::info!(
+                                        "dhcp: {:?} from {:?} (xid {:#010x}) dropped: not for \
+                                         this exchange (another xid or MAC, no server id, or \
+                                         not expected now)",
+                                        m.message_type,
+                                        m.server_id,
+                                        m.xid
+                                    );
                                 }
                             }
-                        }
+                        },
                         Ok(None) => {}
                         Err(errno) => {
                             return Err(DhcpError::Socket {
@@ -194,13 +214,27 @@ impl Prepared {
     }
 }
 
-/// A DHCP reply inside an IPv4/UDP packet from port 67 to port 68, or None.
-fn decode(packet: &[u8]) -> Option<DhcpMessage> {
-    let udp = UdpIpv4::parse(packet).ok()?;
+/// What a packet on the DHCP socket was.
+enum Decoded {
+    /// Not UDP from port 67 to port 68 (other traffic the socket sees).
+    NotDhcp,
+    /// Meant as a DHCP reply, but it does not parse.
+    Malformed(WireError),
+    Reply(Box<DhcpMessage>),
+}
+
+/// A DHCP reply inside an IPv4/UDP packet from port 67 to port 68.
+fn decode(packet: &[u8]) -> Decoded {
+    let Ok(udp) = UdpIpv4::parse(packet) else {
+        return Decoded::NotDhcp;
+    };
     if udp.dst_port != CLIENT_PORT || udp.src_port != SERVER_PORT {
-        return None;
+        return Decoded::NotDhcp;
     }
-    DhcpMessage::parse(udp.payload).ok()
+    match DhcpMessage::parse(udp.payload) {
+        Ok(m) => Decoded::Reply(Box::new(m)),
+        Err(e) => Decoded::Malformed(e),
+    }
 }
 
 /// Acquires a lease and configures it: the whole "bring the network up" step.

@@ -136,7 +136,13 @@ pub struct DhcpMessage {
     pub client_id: Vec<u8>,
     pub classless_routes: Option<Vec<Route>>,
     pub wireserver: Option<Ipv4Addr>,
+    /// Options that were malformed and that azprov can do without (the WireServer falls back
+    /// to 168.63.129.16, the MTU to the link's, …): skipped, with why, for the log.
+    pub skipped: Vec<(u8, &'static str)>,
 }
+
+/// Options a reply is unusable without: a malformed one makes the whole message malformed.
+const REQUIRED: [u8; 2] = [opt::MESSAGE_TYPE, opt::SERVER_ID];
 
 impl Default for MessageType {
     fn default() -> Self {
@@ -262,6 +268,9 @@ impl DhcpMessage {
             }
         }
         let mut rest = b.get(field::OPTIONS..).unwrap_or(&[]);
+        // RFC 3396: the values of an option that appears more than once are concatenated, in
+        // order, before it is read
+        let mut options: Vec<(u8, Vec<u8>)> = Vec::new();
         // A missing END option is tolerated, as many stacks do.
         while let Some((&code, tail)) = rest.split_first() {
             match code {
@@ -279,7 +288,19 @@ impl DhcpMessage {
                 .get(..usize::from(len))
                 .ok_or(WireError::Malformed("option cut short"))?;
             rest = tail.get(usize::from(len)..).unwrap_or(&[]);
-            m.set_option(code, data)?;
+            match options.iter_mut().find(|(c, _)| *c == code) {
+                Some((_, value)) => value.extend_from_slice(data),
+                None => options.push((code, data.to_vec())),
+            }
+        }
+        for (code, data) in options {
+            match m.set_option(code, &data) {
+                Ok(()) => {}
+                Err(WireError::Malformed(why)) if !REQUIRED.contains(&code) => {
+                    m.skipped.push((code, why));
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(m)
     }
@@ -345,11 +366,11 @@ impl DhcpMessage {
         put(field::MAGIC, &MAGIC_COOKIE);
 
         let mut o = |code: u8, data: &[u8]| {
-            // Options longer than 255 bytes would need RFC 3396 splitting; none here are.
-            if let Ok(len) = u8::try_from(data.len()) {
+            // RFC 3396: a value longer than 255 bytes goes out as several options of the code
+            for chunk in data.chunks(255) {
                 b.push(code);
-                b.push(len);
-                b.extend_from_slice(data);
+                b.push(u8::try_from(chunk.len()).unwrap_or(u8::MAX));
+                b.extend_from_slice(chunk);
             }
         };
         if let Some(t) = self.message_type {

@@ -230,3 +230,82 @@ fn a_name_option_with_nul_or_control_bytes_is_no_name() {
         assert_eq!(text(bad), None, "{bad:?}");
     }
 }
+
+/// An ACK with the options in `extra` (code, len, data… as raw bytes) after the message type
+/// and server id.
+fn ack_with(extra: &[u8]) -> Vec<u8> {
+    let mut b = DhcpMessage {
+        op: 2,
+        xid: 7,
+        message_type: Some(MessageType::Ack),
+        server_id: Some(GW),
+        yiaddr: Some(Ipv4Addr::new(10, 0, 0, 9)),
+        ..DhcpMessage::default()
+    }
+    .emit();
+    let end = b.iter().rposition(|x| *x == opt::END).unwrap();
+    b.truncate(end);
+    b.extend_from_slice(extra);
+    b.push(opt::END);
+    b
+}
+
+#[test]
+fn repeated_options_are_concatenated_as_rfc_3396_says() {
+    // two DNS servers split over two option 6 instances, a route split mid-entry
+    let m = DhcpMessage::parse(&ack_with(&[
+        6, 4, 1, 1, 1, 1, 6, 4, 2, 2, 2, 2, 121, 3, 0, 10, 0, 121, 2, 0, 1,
+    ]))
+    .unwrap();
+    assert_eq!(
+        m.dns,
+        [Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2)]
+    );
+    assert_eq!(
+        m.classless_routes.unwrap(),
+        [Route {
+            dest: Ipv4Addr::UNSPECIFIED,
+            prefix_len: 0,
+            gateway: Ipv4Addr::new(10, 0, 0, 1)
+        }]
+    );
+    assert!(m.skipped.is_empty());
+}
+
+#[test]
+fn a_malformed_option_azprov_can_do_without_is_skipped_not_fatal() {
+    // a 5-byte 245, a 3-byte MTU, a route cut short: the lease is still usable
+    let m = DhcpMessage::parse(&ack_with(&[
+        245, 5, 168, 63, 129, 16, 0, 26, 3, 5, 220, 0, 121, 2, 24, 10,
+    ]))
+    .unwrap();
+    assert_eq!(m.wireserver, None);
+    assert_eq!(m.mtu, None);
+    assert_eq!(m.classless_routes, None);
+    let codes: Vec<u8> = m.skipped.iter().map(|(c, _)| *c).collect();
+    assert_eq!(codes, [245, 26, 121]);
+    assert_eq!(m.yiaddr, Some(Ipv4Addr::new(10, 0, 0, 9)));
+    // but a message type or server id that is malformed leaves no usable reply
+    assert!(DhcpMessage::parse(&ack_with(&[54, 3, 1, 2, 3])).is_err());
+}
+
+#[test]
+fn a_value_over_255_bytes_goes_out_split_and_comes_back_whole() {
+    let routes: Vec<Route> = (0..60u8)
+        .map(|i| Route {
+            dest: Ipv4Addr::new(10, i, 0, 0),
+            prefix_len: 16,
+            gateway: GW,
+        })
+        .collect();
+    let m = DhcpMessage {
+        op: 2,
+        message_type: Some(MessageType::Ack),
+        server_id: Some(GW),
+        classless_routes: Some(routes.clone()),
+        ..DhcpMessage::default()
+    };
+    assert!(emit_classless_routes(&routes).len() > 255);
+    let back = DhcpMessage::parse(&m.emit()).unwrap();
+    assert_eq!(back.classless_routes, Some(routes));
+}
