@@ -65,9 +65,14 @@ pub struct Options {
 /// after their modules load).
 pub const CDROM_SETTLE: Duration = Duration::from_secs(2);
 /// The share of the deadline each stage may use at most, as a divisor or fraction of what is
-/// left when it starts: media 1/5 of the whole, DHCP 1/2 of what remains, IMDS 2/3 of that.
+/// left when it starts: media 1/5 of the whole, DHCP all that remains but `DHCP_RESERVE` (at
+/// least half of it), IMDS 2/3 of what is left then.
 const MEDIA_SHARE: u32 = 5;
 const DHCP_SHARE: u32 = 2;
+/// What the stages after DHCP need, kept back from its budget: IMDS, the writes and the report
+/// take well under a second when the fabric answers (about 0.6 s under QEMU TCG), and the rest
+/// leaves IMDS room for a few retries. A slow DHCP server can use everything else.
+const DHCP_RESERVE: Duration = Duration::from_secs(3);
 const IMDS_SHARE: (u32, u32) = (2, 3);
 /// The first goal-state fetch, beside IMDS, only checks the WireServer early.
 const PROBE_BUDGET: Duration = Duration::from_secs(10);
@@ -577,7 +582,8 @@ fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetStart> {
     // PID 1: the NIC's driver may be among the last to load
     opts.modules.wait();
     let t = Instant::now();
-    let deadline = deadline.min(deadline.remaining() / DHCP_SHARE);
+    let left = deadline.remaining();
+    let deadline = deadline.min((left / DHCP_SHARE).max(left.saturating_sub(DHCP_RESERVE)));
     let prepared = dhclient::prepare(&opts.sys.join("class/net"), opts.iface.as_deref(), deadline);
     Some(NetStart {
         t,
