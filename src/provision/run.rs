@@ -381,6 +381,7 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
         }
     }
     let deadline = Deadline::after(opts.timeout);
+    root.set_deadline(deadline);
     let earlier = State::load(&root);
     let earlier = earlier.as_ref();
     // Read-only again when this run ends, whichever way.

@@ -400,7 +400,8 @@ impl Sysroot {
     /// shadow-utils' `lckpwdf`: /etc/.pwd.lock (0600 root, created when missing) locked with
     /// an fcntl write lock while the account files are read and edited, so a useradd or passwd
     /// running beside azprov (hook mode, `clean` in a booted system) cannot interleave. Waits
-    /// at most 15 s for it, as lckpwdf does. Released when the file is dropped.
+    /// at most 15 s for it, as lckpwdf does, and never past the run's deadline. Released when
+    /// the file is dropped.
     fn lock_account_files(&self) -> Result<fs::File, WriteError> {
         const LOCK: &str = "/etc/.pwd.lock";
         let p = self.resolve(LOCK)?;
@@ -423,7 +424,7 @@ impl Sysroot {
             l_len: 0,
             l_pid: 0,
         };
-        let deadline = crate::deadline::Deadline::after(std::time::Duration::from_secs(15));
+        let deadline = self.wait_budget(std::time::Duration::from_secs(15));
         let backoff = crate::deadline::Backoff {
             base: std::time::Duration::from_millis(20),
             cap: std::time::Duration::from_millis(500),
@@ -437,7 +438,7 @@ impl Sysroot {
                     attempt += 1;
                     if !deadline.sleep(wait) {
                         return Err(WriteError::Io {
-                            op: "lock (another process holds it for 15 s)",
+                            op: "lock (another process held it for 15 s or the rest of the deadline)",
                             path: LOCK.to_string(),
                             source: std::io::Error::from_raw_os_error(libc::EAGAIN),
                         });

@@ -111,6 +111,8 @@ pub struct Sysroot {
     pending: Mutex<Option<Vec<(PathBuf, PathBuf)>>>,
     /// The root's SELinux labels ([`Sysroot::labels`]), read on first use.
     labels: OnceLock<Option<label::Labels>>,
+    /// The run's deadline, when there is one: no wait inside a write outlasts it.
+    deadline: OnceLock<crate::deadline::Deadline>,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
@@ -127,6 +129,7 @@ impl Sysroot {
             root: root.into(),
             pending: Mutex::new(None),
             labels: OnceLock::new(),
+            deadline: OnceLock::new(),
             #[cfg(test)]
             writes_left: std::sync::atomic::AtomicUsize::new(usize::MAX),
             #[cfg(test)]
@@ -156,6 +159,19 @@ impl Sysroot {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Bounds every wait a write makes (the account files' lock) by the run's deadline.
+    pub fn set_deadline(&self, deadline: crate::deadline::Deadline) {
+        let _ = self.deadline.set(deadline);
+    }
+
+    /// `budget` from now, or less when the run's deadline comes first.
+    pub(super) fn wait_budget(&self, budget: std::time::Duration) -> crate::deadline::Deadline {
+        match self.deadline.get() {
+            Some(run) => run.min(budget),
+            None => crate::deadline::Deadline::after(budget),
+        }
     }
 
     /// Until the returned batch is dropped, an atomic write leaves its temporary beside the file

@@ -920,3 +920,42 @@ fn a_home_left_by_another_uid_is_taken_over_unless_an_account_owns_it() {
         fs::remove_dir_all(d).unwrap();
     }
 }
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_lock_held_past_the_runs_deadline_fails_the_user_instead_of_holding_the_boot() {
+    let (dir, root) = seeded("pwdlock-deadline");
+    let lock = dir.join("etc/.pwd.lock");
+    fs::write(&lock, "").unwrap();
+    let mut holder = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import fcntl,time;f=open('{}','w');fcntl.lockf(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(30)",
+            lock.display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    root.set_deadline(crate::deadline::Deadline::after(
+        std::time::Duration::from_millis(300),
+    ));
+    let e = root
+        .ensure_user(&Username::parse("azureuser").unwrap(), None)
+        .unwrap_err();
+    assert!(e.to_string().contains("lock"), "{e}");
+    // given up while the holder still holds it
+    assert!(holder.try_wait().unwrap().is_none());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(!text(&dir.join("etc/passwd")).contains("azureuser"));
+    fs::remove_dir_all(&dir).unwrap();
+}
