@@ -160,8 +160,12 @@ pub const SSH_KEY_MAX: usize = 16 * 1024;
 /// but thousands of lines only slow every login down).
 pub const SSH_KEYS_MAX: usize = 1000;
 
+/// A key type name: one of the known prefixes, and nothing but the characters type names are
+/// made of (`ssh-dss="…` is an option, not a type).
 fn is_key_type(w: &str) -> bool {
     KEY_TYPES.iter().any(|t| w.starts_with(t))
+        && w.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'@' | b'.'))
 }
 
 /// The byte where the options field of `line` ends (white space outside double quotes, a
@@ -384,5 +388,14 @@ mod tests {
         ] {
             assert!(SshKey::parse(bad).is_err(), "{bad}");
         }
+        // the fuzzer's find (fuzz/artifacts/authorized_keys/crash-efd36b9b…): an option that
+        // starts like a type name is an option; the identity is the words after it
+        let k = SshKey::parse(
+            "ssh-dss=\"echo255\u{1}[\\ssh-\0d2\0/19\t\t AAAAC1llZDIE5AAAAIK2 me@host",
+        );
+        assert!(k.is_err(), "{k:?}");
+        let k = SshKey::parse(&format!("ssh-dss=\"a b\"\t\t{ED}\tme")).unwrap();
+        assert_eq!(k.identity(), ED);
+        assert_eq!(k.options(), "ssh-dss=\"a b\"");
     }
 }
