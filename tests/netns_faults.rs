@@ -58,6 +58,10 @@ struct Case {
     /// The OVF's text with this replacement (`from`, `to`) instead of the fixture as it is.
     ovf_edit: Option<(&'static str, &'static str)>,
     extra: &'static [&'static str],
+    /// This many more SSH keys in the IMDS document.
+    many_keys: usize,
+    /// A line stderr must show.
+    stderr_has: Option<&'static str>,
     timeout: u64,
     exit: i32,
     reason: Option<&'static str>,
@@ -73,6 +77,8 @@ impl Default for Case {
             with_ovf: true,
             ovf_edit: None,
             extra: &[],
+            many_keys: 0,
+            stderr_has: None,
             timeout: 6,
             exit: 0,
             reason: None,
@@ -122,7 +128,17 @@ fn run(c: Case) {
             net.script_server("10.42.0.3", "10.42.0.60", &["--delay", delay]);
         }
     }
-    net.fabric(&doc(), &c.playbook, c.fabric_args);
+    let mut d = doc();
+    for i in 0..c.many_keys {
+        // no path: 10,000 of them stay under the 1 MiB body cap
+        d["compute"]["publicKeys"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({
+                "keyData": format!("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{i:016} k{i}"),
+            }));
+    }
+    net.fabric(&d, &c.playbook, c.fabric_args);
     let root = net.seed_root();
     let dmi = net.azure_dmi();
     let cmdline = net.cmdline("ro");
@@ -166,6 +182,9 @@ fn run(c: Case) {
 
     // exit code, report, reason, the deadline
     assert_eq!(o.status.code(), Some(c.exit), "{ctx}");
+    if let Some(line) = c.stderr_has {
+        assert!(stderr.contains(line), "{line:?} not on stderr; {ctx}");
+    }
     assert_eq!(v["reason"].as_str(), c.reason, "{ctx}");
     assert!(
         took <= Duration::from_secs(c.timeout + 1),
@@ -264,6 +283,12 @@ faults! {
     // deadline (the earlier budget) did not allow; IMDS and the report need far less than the rest
     dhcp_slow_server_gets_the_deadline_less_a_reserve: Case {
         dhcp: Dhcp::Slow("2.5"), timeout: 12, exit: 0,
+        reason: None, fabric: Fabric::Ready, ..Case::default()
+    };
+    // a 10,000-key IMDS document (under the 1 MiB cap): merged in one pass, 1000 written, in time
+    ten_thousand_keys: Case {
+        many_keys: 10_000, timeout: 10, exit: 0,
+        stderr_has: Some("9002 SSH key(s) over the limit of 1000 left out"),
         reason: None, fabric: Fabric::Ready, ..Case::default()
     };
     dhcp_nak_forever: Case {
