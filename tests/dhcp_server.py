@@ -3,7 +3,7 @@
 
 It answers DISCOVER with OFFER and REQUEST with ACK, optionally after a delay, and can NAK the
 first REQUEST. Every message it receives and sends is logged as a JSON line."""
-import argparse, json, socket, struct, sys, time
+import argparse, json, socket, struct, time
 
 p = argparse.ArgumentParser()
 p.add_argument("--iface", required=True)
