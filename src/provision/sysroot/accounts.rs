@@ -489,8 +489,8 @@ impl Sysroot {
         self.rewrite(file, &table.bytes(), 0o644)
     }
 
-    /// A home that exists already and belongs to another uid (left in the image by a user
-    /// that was removed, or made by hand) is taken over, its whole tree given to the user, when
+    /// A home that exists already and belongs to another uid than the user's or root's (left
+    /// in the image by a user that was removed) is taken over, its whole tree given to the user, when
     /// no other account has that uid: sshd's StrictModes would refuse the keys in it
     /// otherwise. One that another account owns is refused, naming it.
     fn claim_home(&self, account: &Account, name: &str, passwd: &Table) -> Result<(), WriteError> {
@@ -498,7 +498,8 @@ impl Sysroot {
         let Ok(md) = fs::symlink_metadata(&home) else {
             return Ok(());
         };
-        if md.file_type().is_symlink() || md.uid() == account.uid {
+        // root's ownership is one sshd's StrictModes accepts, as the user's own
+        if md.file_type().is_symlink() || md.uid() == account.uid || md.uid() == 0 {
             return Ok(());
         }
         let owner = (0..passwd.0.len()).find_map(|i| {
