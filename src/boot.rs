@@ -4,7 +4,7 @@
 
 use crate::config::{self, Config, OnFail, RootSpec};
 use crate::provision::hostkeys::Keygen;
-use crate::provision::run::{early_keygen, provision_with, Options, Report};
+use crate::provision::run::{early_keygen, provision_with, Mode, Options, Report};
 use crate::provision::sysroot::Sysroot;
 use crate::sys::mount::{self, MsFlags};
 use crate::sys::process::{self, Power};
@@ -146,7 +146,7 @@ pub fn main() -> ! {
 
     // A new VM's host keys are made from here on, on idle CPU only: the RSA search takes a
     // fraction of a second natively, and the module stage mostly waits on devices.
-    let mut opts = Options::pid1(PathBuf::from(SYSROOT), &cfg);
+    let mut opts = Options::from_config(PathBuf::from(SYSROOT), &cfg, Mode::Pid1);
     let keygen = early_keygen(&opts);
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.

@@ -4,7 +4,7 @@ use super::{imds_base, print_json, usage, wireserver_flag, Args, CliError};
 use std::path::Path;
 
 pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
-    use crate::provision::run::{provision, MediaSource, Options};
+    use crate::provision::run::{provision, MediaSource, Mode, Options};
     let a = Args::parse(
         args,
         &[
@@ -45,22 +45,21 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         Some(_) => imds_base(&a)?,
         None => cfg.imds.clone(),
     };
+    let base = Options::from_config(root.into(), &cfg, Mode::Hook);
     let opts = Options {
-        iface: a.value("iface")?.map(str::to_string).or(cfg.iface.clone()),
+        iface: a.value("iface")?.map(str::to_string).or(base.iface.clone()),
         dhcp: !a.has("no-dhcp"),
         media,
-        force: a.has("force") || cfg.force,
-        disable: cfg.disable,
+        force: a.has("force") || base.force,
         timeout: a.timeout(cfg.timeout)?,
-        wireserver: wireserver_flag(&a)?.or(cfg.wireserver),
+        wireserver: wireserver_flag(&a)?.or(base.wireserver),
         imds,
-        keep_network: cfg.keepnet,
-        host_keys: cfg.host_keys && !a.has("keep-host-keys"),
+        host_keys: base.host_keys && !a.has("keep-host-keys"),
         dmi: a
             .value("dmi")?
             .unwrap_or(crate::azure::vmid::DMI_DIR)
             .into(),
-        ..Options::hook(root.into())
+        ..base
     };
     let summary = provision(&opts);
     if a.has("json") {

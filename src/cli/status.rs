@@ -3,7 +3,7 @@
 //! DMI VM id must match the marker. Exit 0 when provisioned and Ready was acknowledged.
 
 use super::{opt, print_json, Args, CliError};
-use crate::provision::run::Timings;
+use crate::provision::state::Timings;
 use crate::provision::state::{Acked, State};
 use crate::provision::sysroot::Sysroot;
 use serde::Serialize;

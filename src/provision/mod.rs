@@ -7,9 +7,13 @@ pub mod data;
 pub mod fstab;
 pub mod hostkeys;
 pub mod merge;
+pub mod options;
+pub mod reboot;
 pub mod run;
 pub mod selinux;
+pub mod stages;
 pub mod state;
+pub mod summary;
 pub mod sysroot;
 pub mod write;
 

@@ -4,11 +4,24 @@
 //! uses it to finish what an interrupted run left (host keys not yet made for this VM id).
 //! Never holds a secret.
 
-use super::run::Timings;
 use super::sysroot::{Sysroot, STATE_DIR};
 use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "state.json";
+
+/// How long each stage of the run took, in milliseconds (`--json`, `status`, the state).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Timings {
+    pub media: u64,
+    pub dhcp: u64,
+    pub imds: u64,
+    pub write: u64,
+    pub report: u64,
+    /// Making the host keys, beside the stages above (not part of time to Ready).
+    pub host_keys: u64,
+    pub total: u64,
+}
 
 /// What Azure was told, as far as azprov knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,80 @@
+//! A provisioned reboot: no network, unless the first boot left work undone (a Ready never
+//! acknowledged, host keys not made for this VM id).
+
+use super::hostkeys::{self, Keygen};
+use super::options::Options;
+use super::stages::{
+    install_host_keys, ms, network, prepare_network, release_network, report, report_deadline,
+    wireserver_addr, writable,
+};
+use super::state::{Acked, State};
+use super::summary::{Report, Summary};
+use super::sysroot::Sysroot;
+use crate::azure::http::Client;
+use crate::azure::wireserver::WireServer;
+use crate::deadline::Deadline;
+use std::time::Instant;
+
+/// A provisioned boot does nothing unless the first boot left work undone: a Ready the
+/// WireServer never acknowledged (sent again), or no host keys made for this VM id yet (made,
+/// without network). The state is read once and written once, if it changed.
+pub(super) fn finish_provisioned(
+    opts: &Options,
+    root: &Sysroot,
+    s: &mut Summary,
+    keygen: Option<Keygen>,
+) {
+    let mut state = State::load(root).unwrap_or_default();
+    let vm_id = root.read_marker();
+    let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
+    let keys =
+        opts.host_keys && !(state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id);
+    if !resend && !keys {
+        return;
+    }
+    let before = state.clone();
+    let _writable = writable(opts);
+    if resend && resend_ready(opts, state.hostname.as_deref(), s) {
+        state.report = Some(Acked::Ready);
+        state.reported_at = Some(crate::time::now_rfc3339());
+    }
+    if keys {
+        log::info!("host keys: none made for this VM yet; making them");
+        s.hostname = state.hostname.clone();
+        let generated = keygen.map_or_else(|| hostkeys::generate(&opts.sys), Keygen::join);
+        install_host_keys(root, generated, s);
+        if !s.host_keys.is_empty() {
+            state.host_keys = s.host_keys.clone();
+            state.host_keys_vm_id = vm_id;
+        }
+    }
+    if state != before {
+        if let Err(e) = state.save(root) {
+            log::warn!("cannot write the state: {e}");
+        }
+    }
+}
+
+/// On a provisioned boot whose Ready was never acknowledged (the WireServer was down for the
+/// whole first boot): DHCP and the report again, nothing else, so Azure sees Ready now rather
+/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing. True when it was.
+fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool {
+    log::info!("the Ready of the first boot was not acknowledged; reporting it again");
+    let deadline = Deadline::after(opts.timeout);
+    let t = Instant::now();
+    let network = network(opts, prepare_network(opts, deadline), hostname);
+    s.timings_ms.dhcp = ms(t.elapsed());
+    let client = Client::new();
+    let ws = WireServer {
+        client: &client,
+        addr: wireserver_addr(opts, &network),
+    };
+    let t = Instant::now();
+    let acked = report(&ws, &Ok(()), s, report_deadline(&network, deadline));
+    if !acked {
+        s.report = Report::Failure;
+    }
+    s.timings_ms.report = ms(t.elapsed());
+    release_network(opts, network);
+    acked
+}
