@@ -85,7 +85,14 @@ impl fmt::Display for HttpError {
     }
 }
 
-impl std::error::Error for HttpError {}
+impl std::error::Error for HttpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HttpError::Deadline { last, .. } => Some(last.as_ref()),
+            _ => None,
+        }
+    }
+}
 
 /// How often a 2xx answer whose body does not parse is asked for again.
 pub const MAX_UNPARSABLE_RETRIES: u32 = 3;

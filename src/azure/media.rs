@@ -52,7 +52,15 @@ impl std::fmt::Display for MediaError {
     }
 }
 
-impl std::error::Error for MediaError {}
+impl std::error::Error for MediaError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MediaError::Read { errno, .. } | MediaError::MountPoint(errno) => Some(errno),
+            // the last type tried: each attempt's errno is in the message
+            MediaError::Mount { errors, .. } => errors.last().map(|(_, e)| e as _),
+        }
+    }
+}
 
 /// The CD-ROM device nodes under `dev` (`sr0`, `sr1`, …), sorted.
 pub fn cdrom_devices(dev: &Path) -> Vec<PathBuf> {

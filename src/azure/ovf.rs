@@ -66,7 +66,14 @@ impl fmt::Display for OvfError {
     }
 }
 
-impl std::error::Error for OvfError {}
+impl std::error::Error for OvfError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OvfError::NotXml(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl OvfError {
     /// What Azure is told.

@@ -50,7 +50,14 @@ impl std::fmt::Display for GoalStateError {
     }
 }
 
-impl std::error::Error for GoalStateError {}
+impl std::error::Error for GoalStateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            GoalStateError::NotXml(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Parses a goal state document; every field health reports need must be there.
 pub fn parse_goal_state(bytes: &[u8]) -> Result<GoalState, GoalStateError> {

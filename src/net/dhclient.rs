@@ -49,7 +49,16 @@ impl std::fmt::Display for DhcpError {
     }
 }
 
-impl std::error::Error for DhcpError {}
+impl std::error::Error for DhcpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DhcpError::Link(e) => Some(e),
+            DhcpError::Apply(e) => Some(e),
+            DhcpError::Socket { errno, .. } => Some(errno),
+            DhcpError::NoLease { .. } => None,
+        }
+    }
+}
 
 /// No lease on `nic` since `started` (no carrier, or no answer in time).
 fn no_lease(nic: &Nic, started: Instant) -> DhcpError {

@@ -142,7 +142,14 @@ impl std::fmt::Display for LinkError {
     }
 }
 
-impl std::error::Error for LinkError {}
+impl std::error::Error for LinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LinkError::Netlink(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// `--iface` wins; otherwise the best candidate.
 pub fn choose(class_net: &Path, iface: Option<&str>) -> Result<Nic, LinkError> {

@@ -218,7 +218,11 @@ impl std::fmt::Display for NetlinkError {
     }
 }
 
-impl std::error::Error for NetlinkError {}
+impl std::error::Error for NetlinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.errno)
+    }
+}
 
 #[cfg(test)]
 mod tests {

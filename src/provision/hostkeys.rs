@@ -82,7 +82,15 @@ impl std::fmt::Display for HostKeyError {
     }
 }
 
-impl std::error::Error for HostKeyError {}
+impl std::error::Error for HostKeyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HostKeyError::Write(e) => Some(e),
+            HostKeyError::Entropy(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl HostKeyError {
     /// ssh-key's error while making or encoding the `key` key.

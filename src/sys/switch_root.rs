@@ -27,7 +27,11 @@ impl std::fmt::Display for SwitchRootError {
     }
 }
 
-impl std::error::Error for SwitchRootError {}
+impl std::error::Error for SwitchRootError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.errno)
+    }
+}
 
 fn step<T>(name: &'static str, path: &Path, r: Result<T, Errno>) -> Result<T, SwitchRootError> {
     log::debug!("switch_root: {name} {}", path.display());

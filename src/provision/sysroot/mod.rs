@@ -90,7 +90,14 @@ impl std::fmt::Display for WriteError {
     }
 }
 
-impl std::error::Error for WriteError {}
+impl std::error::Error for WriteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WriteError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 pub(super) fn io_err<'a>(
     op: &'static str,

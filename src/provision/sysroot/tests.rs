@@ -959,3 +959,28 @@ fn a_lock_held_past_the_runs_deadline_fails_the_user_instead_of_holding_the_boot
     assert!(!text(&dir.join("etc/passwd")).contains("azureuser"));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn errors_that_wrap_another_give_it_as_their_source() {
+    use std::error::Error;
+    let w = WriteError::Io {
+        op: "rename",
+        path: "/etc/hostname".into(),
+        source: io::Error::from_raw_os_error(libc::EISDIR),
+    };
+    let src = w.source().unwrap().downcast_ref::<io::Error>().unwrap();
+    assert_eq!(src.raw_os_error(), Some(libc::EISDIR));
+    let h = crate::azure::http::HttpError::Deadline {
+        url: "http://169.254.169.254/".into(),
+        attempts: 3,
+        last: Box::new(crate::azure::http::HttpError::Status {
+            url: "http://169.254.169.254/".into(),
+            status: 503,
+        }),
+    };
+    let last = h.source().unwrap().to_string();
+    assert!(last.ends_with("HTTP status 503"), "{last}");
+    let k = crate::provision::hostkeys::HostKeyError::Write(w);
+    assert!(k.source().unwrap().source().is_some());
+    assert!(WriteError::NoFreeId.source().is_none());
+}
