@@ -3,6 +3,7 @@
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
+use crate::early::{modalias, modules};
 use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Mode, Options, Report};
 use crate::provision::sysroot::Sysroot;
@@ -10,7 +11,6 @@ use crate::sys::mount::{self, MsFlags};
 use crate::sys::process::{self, Power};
 use crate::sys::switch_root::{switch_root, SwitchRootError};
 use crate::sys::Errno;
-use crate::sys::{modalias, modules};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -275,7 +275,7 @@ impl Config {
                 k if k.starts_with("azprov.") => return Err(ConfigError::Unknown(k.to_string())),
                 _ => self
                     .module_params
-                    .extend(crate::sys::modules::cmdline_param(word)),
+                    .extend(crate::early::modules::cmdline_param(word)),
             }
         }
         Ok(())

@@ -11,7 +11,7 @@
 use super::sysroot::Sysroot;
 use super::{Failure, Reason};
 use crate::config::RootSpec;
-use crate::sys::block;
+use crate::early::block;
 use nix::mount::{MntFlags, MsFlags};
 use std::path::{Path, PathBuf};
 

@@ -3,10 +3,7 @@
 //! everywhere else (Cargo.toml `[lints.rust]`); this module alone allows it.
 #![allow(unsafe_code)]
 
-pub mod block;
-pub mod lz4;
-pub mod modalias;
-pub mod modules;
+pub mod kmod;
 pub mod mount;
 pub mod netlink;
 pub mod packet;

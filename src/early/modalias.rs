@@ -259,7 +259,7 @@ pub fn gate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::modules::parse_list;
+    use crate::early::modules::parse_list;
 
     // what mkinitramfs writes for the default list, trimmed to a few aliases each, and
     // without pci_hyperv (see hyperv_pci_makes_pci_late_on_hyperv_only)
