@@ -1,15 +1,14 @@
 //! The account files: passwd, shadow, group and gshadow edited in place, the password hashed
 //! with SHA-512 crypt, a new home filled from /etc/skel.
 
-use super::{io_err, write_temp, Sysroot, WriteError, STATE_DIR};
+use super::{io_err, Sysroot, WriteError, STATE_DIR};
 
 /// The file in azprov's state directory that names the user azprov created.
 pub const OWNED_USER: &str = "user";
 use crate::provision::data::Username;
 use crate::secret::Secret;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::OpenOptionsExt;
 
 /// `KEY VALUE` settings from /etc/login.defs.
 fn login_defs(text: &str, key: &str) -> Option<u32> {
@@ -26,7 +25,7 @@ fn login_defs(text: &str, key: &str) -> Option<u32> {
 
 /// The lines of a colon-separated account file, as bytes: lines azprov does not edit are
 /// written back byte for byte, whatever their encoding (a GECOS field in Latin-1 stays so).
-struct Table(Vec<Vec<u8>>);
+pub(super) struct Table(Vec<Vec<u8>>);
 
 fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
     line.split(|b| *b == b':')
@@ -102,6 +101,15 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// The account other than `except` that has `uid`, when a passwd line gives one.
+    pub(super) fn name_of_uid(&self, uid: u32, except: &str) -> Option<String> {
+        (0..self.0.len()).find_map(|i| {
+            let u: u32 = self.field(i, 2)?.parse().ok()?;
+            let who = self.field(i, 0)?;
+            (u == uid && who != except).then(|| who.to_string())
+        })
     }
 
     fn bytes(&self) -> Vec<u8> {
@@ -488,72 +496,6 @@ impl Sysroot {
         table.push(format!("{name}:{start}:{count}"));
         self.rewrite(file, &table.bytes(), 0o644)
     }
-
-    /// A home that exists already and belongs to another uid than the user's or root's (left
-    /// in the image by a user that was removed) is taken over, its whole tree given to the user, when
-    /// no other account has that uid: sshd's StrictModes would refuse the keys in it
-    /// otherwise. One that another account owns is refused, naming it.
-    fn claim_home(&self, account: &Account, name: &str, passwd: &Table) -> Result<(), WriteError> {
-        let home = self.resolve(&account.home)?;
-        let Ok(md) = fs::symlink_metadata(&home) else {
-            return Ok(());
-        };
-        // root's ownership is one sshd's StrictModes accepts, as the user's own
-        if md.file_type().is_symlink() || md.uid() == account.uid || md.uid() == 0 {
-            return Ok(());
-        }
-        let owner = (0..passwd.0.len()).find_map(|i| {
-            let uid: u32 = passwd.field(i, 2)?.parse().ok()?;
-            let who = passwd.field(i, 0)?;
-            (uid == md.uid() && who != name).then(|| who.to_string())
-        });
-        if let Some(owner) = owner {
-            return Err(WriteError::HomeOwned {
-                home: account.home.clone(),
-                owner,
-                uid: md.uid(),
-            });
-        }
-        log::warn!(
-            "{} belonged to uid {}, which no account has: given to {name}",
-            account.home,
-            md.uid()
-        );
-        chown_tree(&home, (account.uid, account.gid))
-    }
-
-    /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it,
-    /// made durable (each file and then each directory fsynced; in a batch one syncfs) and
-    /// renamed into place, the parent fsynced (or with the batch): a run cut short leaves no
-    /// half-filled home that the next run would take as done (it only fills a home that does
-    /// not exist). A temporary left by such a run is removed first.
-    fn make_home(&self, account: &Account) -> Result<(), WriteError> {
-        let owner = (account.uid, account.gid);
-        let name = Path::new(&account.home)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .ok_or_else(|| WriteError::Corrupt(format!("home {}", account.home)))?;
-        let parent = Path::new(&account.home)
-            .parent()
-            .map_or_else(|| "/".to_string(), |p| p.to_string_lossy().into_owned());
-        let tmp = format!("{}/.{name}.azprov-tmp", parent.trim_end_matches('/'));
-        self.remove(&tmp)?;
-        let tmp_path = self.mkdir(&tmp, 0o750, owner)?;
-        let home = self.resolve(&account.home)?;
-        // labelled as what they become once the directory is renamed
-        self.label_as(&tmp_path, &home, libc::S_IFDIR)?;
-        let skel = self.resolve("/etc/skel")?;
-        // a real directory only: a symlinked skel could point anywhere on the host
-        let batched = self.batched();
-        if fs::symlink_metadata(&skel).is_ok_and(|m| m.is_dir()) {
-            self.copy_tree(&skel, &tmp_path, &home, owner, !batched)?;
-        }
-        if batched {
-            self.syncfs()?;
-        }
-        fs::rename(&tmp_path, &home).map_err(io_err("rename", &home))?;
-        self.sync_dir_unless_batched(&self.resolve(&parent)?)
-    }
 }
 
 /// The lowest start of `count` ids in `[min, max]` that overlap none of the `taken` ranges
@@ -576,67 +518,4 @@ pub(super) fn free_range(
         start = e;
     }
     (start + count - 1 <= max).then_some(start)
-}
-
-impl Sysroot {
-    /// Copies `from` into `to` (files, directories, symlinks; owned by `owner`, modes kept),
-    /// each labelled as it will be called under `final_to` once `to` is renamed there; when
-    /// `durable`, each file fsynced before its rename and each directory once it is filled.
-    fn copy_tree(
-        &self,
-        from: &Path,
-        to: &Path,
-        final_to: &Path,
-        owner: (u32, u32),
-        durable: bool,
-    ) -> Result<(), WriteError> {
-        for entry in fs::read_dir(from).map_err(io_err("read", from))? {
-            let entry = entry.map_err(io_err("read", from))?;
-            let src = entry.path();
-            let dst = to.join(entry.file_name());
-            let final_dst = final_to.join(entry.file_name());
-            let md = fs::symlink_metadata(&src).map_err(io_err("stat", &src))?;
-            if md.file_type().is_symlink() {
-                let target = fs::read_link(&src).map_err(io_err("readlink", &src))?;
-                std::os::unix::fs::symlink(&target, &dst).map_err(io_err("symlink", &dst))?;
-                self.label_as(&dst, &final_dst, libc::S_IFLNK)?;
-            } else if md.is_dir() {
-                fs::create_dir(&dst).map_err(io_err("mkdir", &dst))?;
-                fs::set_permissions(&dst, fs::Permissions::from_mode(md.mode() & 0o7777))
-                    .map_err(io_err("chmod", &dst))?;
-                self.label_as(&dst, &final_dst, libc::S_IFDIR)?;
-            } else if md.is_file() {
-                let data = fs::read(&src).map_err(io_err("read", &src))?;
-                let label = self.label_for(&final_dst, libc::S_IFREG);
-                let mode = md.mode() & 0o7777;
-                let tmp = write_temp(&dst, &data, mode, owner, durable, label.as_deref())?;
-                fs::rename(&tmp, &dst).map_err(io_err("rename", &dst))?;
-                continue;
-            } else {
-                continue;
-            }
-            std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
-                .map_err(io_err("chown", &dst))?;
-            if md.is_dir() {
-                self.copy_tree(&src, &dst, &final_dst, owner, durable)?;
-            }
-        }
-        if durable {
-            super::sync_dir(to)?;
-        }
-        Ok(())
-    }
-}
-
-/// `path` and everything below it (symlinks themselves, never their targets) given to `owner`.
-fn chown_tree(path: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
-    std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).map_err(io_err("chown", path))?;
-    let md = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
-    if md.is_dir() {
-        for entry in fs::read_dir(path).map_err(io_err("read", path))? {
-            let entry = entry.map_err(io_err("read", path))?;
-            chown_tree(&entry.path(), owner)?;
-        }
-    }
-    Ok(())
 }

@@ -3,7 +3,7 @@ use super::*;
 use crate::provision::data::{Hostname, Username};
 use crate::provision::data::{KeyEntry, Source, SshKey};
 use crate::secret::Secret;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, MetadataExt};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/root");
 
