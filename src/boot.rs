@@ -7,7 +7,8 @@ use crate::early::{modalias, modules};
 use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Mode, Options, Report};
 use crate::provision::sysroot::Sysroot;
-use crate::sys::mount::{self, MsFlags};
+use crate::sys::kernel::{Kernel, Linux};
+use crate::sys::mount::MsFlags;
 use crate::sys::process::{self, Power};
 use crate::sys::switch_root::{switch_root, SwitchRootError};
 use crate::sys::Errno;
@@ -162,7 +163,7 @@ pub fn main() -> ! {
     provision_root(&opts, keygen);
     process::reap();
     if cfg.read_only {
-        remount_read_only(&root);
+        remount_read_only(&Linux, &root);
     }
     log::info!(
         "handing over to {init} after {} ms",
@@ -191,32 +192,43 @@ fn provision_root(opts: &Options, keygen: Option<Keygen>) {
 }
 
 /// `ro` on the command line: the root goes back to read-only before handover.
-fn remount_read_only(dev: &Path) {
+fn remount_read_only(k: &impl Kernel, dev: &Path) {
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-    if let Err(e) = mount::mount(dev, Path::new(SYSROOT), "", flags, None) {
+    if let Err(e) = k.mount(dev, Path::new(SYSROOT), "", flags, None) {
         log::warn!("remount {SYSROOT} read-only: {e}");
     }
 }
 
-/// Sets up /dev, /proc, /sys, /run and the logger; returns the printk_devkmsg value found.
-fn early_mounts() -> String {
+/// Mounts the table of early filesystems, each on a directory made first; one mounted already
+/// (EBUSY) is fine, another failure is said on stderr (no logger yet) and the next one tried.
+/// What failed, for the tests.
+fn mount_early(k: &impl Kernel) -> Vec<(&'static str, Errno)> {
+    let mut failed = Vec::new();
     for m in &EARLY_MOUNTS {
-        let _ = fs::create_dir_all(m.target);
-        match mount::mount(
+        k.mkdir_all(Path::new(m.target));
+        match k.mount(
             Path::new(m.source),
             Path::new(m.target),
             m.fstype,
             m.flags,
             m.data,
         ) {
-            Ok(()) => {}
-            Err(Errno::EBUSY) => {}
-            Err(e) => eprintln!(
-                "azprov: mount {} on {} ({}): {e}",
-                m.source, m.target, m.fstype
-            ),
+            Ok(()) | Err(Errno::EBUSY) => {}
+            Err(e) => {
+                eprintln!(
+                    "azprov: mount {} on {} ({}): {e}",
+                    m.source, m.target, m.fstype
+                );
+                failed.push((m.target, e));
+            }
         }
     }
+    failed
+}
+
+/// Sets up /dev, /proc, /sys, /run and the logger; returns the printk_devkmsg value found.
+fn early_mounts() -> String {
+    mount_early(&Linux);
     // Console until kmsg is there; then kmsg, so the lines reach the real system's journal.
     // Userspace writes to kmsg are rate-limited (10 per 5 s) unless printk_devkmsg is "on",
     // as systemd sets it; the old value is restored before handover.
@@ -331,31 +343,39 @@ fn mount_root(cfg: &Config, modules: &Modules) -> Result<PathBuf, BootError> {
         (None, Some(p)) => vec![p],
         (None, None) => ROOT_FS_FALLBACK.to_vec(),
     };
+    match mount_first(&Linux, &dev, &types, cfg.rootflags.as_deref()) {
+        Ok(fstype) => {
+            log::info!(
+                "root: {} ms: {spec} is {} ({fstype}), mounted at {SYSROOT}",
+                t.elapsed().as_millis(),
+                dev.display()
+            );
+            Ok(dev)
+        }
+        Err(errors) => Err(BootError::RootMount {
+            dev,
+            spec: spec.clone(),
+            errors,
+        }),
+    }
+}
+
+/// Mounts `dev` read-write at /sysroot with the first of `types` that takes it; the error of
+/// each type when none does.
+fn mount_first<'t>(
+    k: &impl Kernel,
+    dev: &Path,
+    types: &[&'t str],
+    flags: Option<&str>,
+) -> Result<&'t str, Vec<(String, Errno)>> {
     let mut errors = Vec::new();
-    for fstype in &types {
-        match mount::mount(
-            &dev,
-            Path::new(SYSROOT),
-            fstype,
-            MsFlags::empty(),
-            cfg.rootflags.as_deref(),
-        ) {
-            Ok(()) => {
-                log::info!(
-                    "root: {} ms: {spec} is {} ({fstype}), mounted at {SYSROOT}",
-                    t.elapsed().as_millis(),
-                    dev.display()
-                );
-                return Ok(dev);
-            }
+    for fstype in types {
+        match k.mount(dev, Path::new(SYSROOT), fstype, MsFlags::empty(), flags) {
+            Ok(()) => return Ok(fstype),
             Err(e) => errors.push((fstype.to_string(), e)),
         }
     }
-    Err(BootError::RootMount {
-        dev,
-        spec: spec.clone(),
-        errors,
-    })
+    Err(errors)
 }
 
 /// The init to exec, checked in the new root before anything is destroyed.
@@ -403,5 +423,79 @@ pub fn fail_forever(reason: &dyn std::fmt::Display, onfail: OnFail) -> ! {
         };
         crate::deadline::Deadline::after(pause).sleep(pause);
         round = round.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::kernel::fake::Recorder;
+
+    #[test]
+    fn the_early_filesystems_mount_in_order_and_a_mounted_one_is_fine() {
+        let k = Recorder {
+            fail: vec![
+                ("mount proc".into(), Errno::EBUSY),
+                ("mount sysfs".into(), Errno::ENODEV),
+            ],
+            ..Recorder::default()
+        };
+        let failed = mount_early(&k);
+        assert_eq!(failed, [("/sys", Errno::ENODEV)]);
+        let calls = k.calls();
+        let mounts: Vec<&str> = calls
+            .iter()
+            .filter(|c| c.starts_with("mount"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                "mount devtmpfs /dev devtmpfs 0x2 mode=0755",
+                "mount proc /proc proc 0xe -",
+                "mount sysfs /sys sysfs 0xe -",
+                "mount tmpfs /run tmpfs 0x6 mode=0755",
+            ]
+        );
+        // each directory made before its mount
+        assert_eq!(calls[0], "mkdir /dev");
+    }
+
+    #[test]
+    fn the_root_takes_the_first_type_that_mounts_and_names_every_refusal() {
+        let k = Recorder {
+            fail: vec![("mount /dev/vda1 /sysroot ext4".into(), Errno::EINVAL)],
+            ..Recorder::default()
+        };
+        let dev = Path::new("/dev/vda1");
+        assert_eq!(
+            mount_first(&k, dev, &["ext4", "xfs", "btrfs"], Some("noatime")),
+            Ok("xfs")
+        );
+        assert_eq!(
+            k.calls(),
+            [
+                "mount /dev/vda1 /sysroot ext4 0x0 noatime",
+                "mount /dev/vda1 /sysroot xfs 0x0 noatime"
+            ]
+        );
+        let none = Recorder {
+            fail: vec![("mount".into(), Errno::EINVAL)],
+            ..Recorder::default()
+        };
+        assert_eq!(
+            mount_first(&none, dev, &["ext4", "xfs"], None),
+            Err(vec![
+                ("ext4".to_string(), Errno::EINVAL),
+                ("xfs".to_string(), Errno::EINVAL)
+            ])
+        );
+    }
+
+    #[test]
+    fn ro_remounts_the_root_read_only_with_no_type() {
+        let k = Recorder::default();
+        remount_read_only(&k, Path::new("/dev/vda1"));
+        assert_eq!(k.calls(), ["mount /dev/vda1 /sysroot  0x21 -"]);
     }
 }

@@ -3,11 +3,9 @@
 //! root `/` and exec its init. Each step is logged at debug level; the first one that fails is
 //! returned with its name.
 
+use super::kernel::{Kernel, Linux};
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
-use std::fs;
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 /// The filesystems PID 1 mounted early, moved into the new root.
@@ -42,92 +40,139 @@ fn step<T>(name: &'static str, path: &Path, r: Result<T, Errno>) -> Result<T, Sw
     })
 }
 
-fn device_of(p: &Path) -> Result<u64, Errno> {
-    fs::symlink_metadata(p)
-        .map(|m| m.dev())
-        .map_err(|e| super::errno_of(&e))
-}
-
 /// Makes `new_root` the root and execs `init` with `args`. Returns only on failure.
 pub fn switch_root(new_root: &Path, init: &str, args: &[String]) -> SwitchRootError {
-    match run(new_root, init, args) {
+    switch_root_with(&Linux, new_root, init, args)
+}
+
+/// [`switch_root`] through `k`'s kernel calls.
+pub fn switch_root_with(
+    k: &impl Kernel,
+    new_root: &Path,
+    init: &str,
+    args: &[String],
+) -> SwitchRootError {
+    match run(k, new_root, init, args) {
         Err(e) => e,
         Ok(never) => match never {},
     }
 }
 
 fn run(
+    k: &impl Kernel,
     new_root: &Path,
     init: &str,
     args: &[String],
 ) -> Result<std::convert::Infallible, SwitchRootError> {
-    let new_dev = step("stat", new_root, device_of(new_root))?;
-    let old_dev = step("stat", Path::new("/"), device_of(Path::new("/")))?;
+    let new_dev = step("stat", new_root, k.device_of(new_root))?;
+    let old_dev = step("stat", Path::new("/"), k.device_of(Path::new("/")))?;
     if new_dev == old_dev {
         return step("check mount point", new_root, Err(Errno::EINVAL));
     }
     for dir in MOVED {
         let target = new_root.join(dir.trim_start_matches('/'));
-        let moved = if target.is_dir() {
+        let moved = if k.is_dir(&target) {
             step(
                 "move",
                 &target,
-                nix::mount::mount(
-                    Some(dir),
-                    &target,
-                    None::<&str>,
-                    MsFlags::MS_MOVE,
-                    None::<&str>,
-                ),
+                k.mount(Path::new(dir), &target, "", MsFlags::MS_MOVE, None),
             )
         } else {
             log::warn!("{} is missing; unmounting {dir}", target.display());
             step(
                 "unmount",
                 Path::new(dir),
-                nix::mount::umount2(dir, MntFlags::MNT_DETACH),
+                k.umount(Path::new(dir), MntFlags::MNT_DETACH),
             )
         };
         if let Err(e) = moved {
             log::warn!("switch_root: {e}");
         }
     }
-    step("chdir", new_root, nix::unistd::chdir(new_root))?;
+    step("chdir", new_root, k.chdir(new_root))?;
     // Free the initramfs memory: delete its files, never crossing into another filesystem.
-    delete_tree(Path::new("/"), old_dev);
+    k.delete_tree(Path::new("/"), old_dev);
     step(
         "move root",
         new_root,
-        nix::mount::mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>),
+        k.mount(Path::new("."), Path::new("/"), "", MsFlags::MS_MOVE, None),
     )?;
-    step("chroot", Path::new("."), nix::unistd::chroot("."))?;
-    step("chdir", Path::new("/"), nix::unistd::chdir("/"))?;
+    step("chroot", Path::new("."), k.chroot(Path::new(".")))?;
+    step("chdir", Path::new("/"), k.chdir(Path::new("/")))?;
     log::debug!("switch_root: exec {init}");
-    let e = std::process::Command::new(init)
-        .arg0(init)
-        .args(args)
-        .exec();
-    step("exec", Path::new(init), Err(super::errno_of(&e)))
+    let e = k.exec(init, args);
+    step("exec", Path::new(init), Err(e))
 }
 
-/// Removes everything below `dir` that lives on device `dev` (the initramfs).
-fn delete_tree(dir: &Path, dev: u64) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.filter_map(|e| e.ok()) {
-        let p = e.path();
-        let Ok(md) = fs::symlink_metadata(&p) else {
-            continue;
+#[cfg(test)]
+mod tests {
+    use super::super::kernel::fake::Recorder;
+    use super::*;
+
+    fn recorder() -> Recorder {
+        Recorder {
+            devices: vec![("/sysroot".into(), 2), ("/".into(), 1)],
+            ..Recorder::default()
+        }
+    }
+
+    #[test]
+    fn the_steps_run_in_order_and_end_in_exec() {
+        let k = recorder();
+        let e = switch_root_with(&k, Path::new("/sysroot"), "/sbin/init", &["splash".into()]);
+        assert_eq!((e.step, e.errno), ("exec", Errno::ENOEXEC));
+        assert_eq!(
+            k.calls(),
+            [
+                "stat /sysroot",
+                "stat /",
+                "mount /dev /sysroot/dev  0x2000 -",
+                "mount /proc /sysroot/proc  0x2000 -",
+                "mount /sys /sysroot/sys  0x2000 -",
+                "mount /run /sysroot/run  0x2000 -",
+                "chdir /sysroot",
+                "delete / on 1",
+                "mount . /  0x2000 -",
+                "chroot .",
+                "chdir /",
+                "exec /sbin/init splash",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_root_that_is_no_mount_point_stops_before_anything_is_moved() {
+        let k = Recorder {
+            devices: vec![("/sysroot".into(), 1), ("/".into(), 1)],
+            ..Recorder::default()
         };
-        if md.dev() != dev {
-            continue; // a mount point: the new root and the moved API filesystems
-        }
-        if md.is_dir() {
-            delete_tree(&p, dev);
-            let _ = fs::remove_dir(&p);
-        } else {
-            let _ = fs::remove_file(&p);
-        }
+        let e = switch_root_with(&k, Path::new("/sysroot"), "/sbin/init", &[]);
+        assert_eq!((e.step, e.errno), ("check mount point", Errno::EINVAL));
+        assert_eq!(k.calls(), ["stat /sysroot", "stat /"]);
+    }
+
+    #[test]
+    fn a_missing_api_directory_is_unmounted_and_a_failed_move_does_not_stop_the_switch() {
+        let k = Recorder {
+            missing_dirs: vec!["/sysroot/run".into()],
+            fail: vec![("mount /proc".into(), Errno::EBUSY)],
+            ..recorder()
+        };
+        let e = switch_root_with(&k, Path::new("/sysroot"), "/sbin/init", &[]);
+        assert_eq!(e.step, "exec");
+        let calls = k.calls();
+        assert!(calls.contains(&"umount /run 0x2".to_string()), "{calls:?}");
+        assert!(calls.contains(&"chroot .".to_string()));
+    }
+
+    #[test]
+    fn a_failed_chroot_is_returned_and_nothing_is_executed() {
+        let k = Recorder {
+            fail: vec![("chroot".into(), Errno::EPERM)],
+            ..recorder()
+        };
+        let e = switch_root_with(&k, Path::new("/sysroot"), "/sbin/init", &[]);
+        assert_eq!((e.step, e.errno), ("chroot", Errno::EPERM));
+        assert!(!k.calls().iter().any(|c| c.starts_with("exec")));
     }
 }
