@@ -1,0 +1,666 @@
+"""The QEMU harness, importable (`import harness` with qemu-tests/ on the path): the simulated
+fabric (`Fabric`, a context manager), the images and the boots, and the QEMU end-to-end tests: a Debian cloud kernel, an initramfs from scripts/mkinitramfs with
+azprov as /init, a UDF provisioning CD, an ext4 root whose init reports what it finds, and the
+simulated fabric reached over a tap device in a network namespace (dnsmasq with options 121 and
+245, fabric.py on 168.63.129.16:80 and 169.254.169.254:80).
+
+  qemu-tests/run [SCENARIO...]      (all scenarios when none is named; needs root)
+
+QEMU_TESTS_APPEND adds kernel parameters to every boot (e.g. azprov.log=debug).
+
+TCG only, unless a trial boot proves KVM works (on these machines /dev/kvm is a software
+nested hypervisor that cannot boot a stock kernel). Two scenarios run at a time. Each prints
+pass/fail and the time from QEMU start to the fabric receiving Ready.
+"""
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(HERE)
+# Downloaded kernels (and qemu-tests/distro's Debian roots) live outside the clone, keyed by
+# what they contain, so a fresh clone reuses them.
+CACHE = os.environ.get("AZPROV_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "azprov")
+OUT = os.path.join(HERE, "out")
+FIXTURES = os.path.join(TOP, "tests", "fixtures")
+ROOT_UUID = "6f0c2a4e-1b3d-4c5e-8f70-9a1b2c3d4e5f"
+# QEMU's SMBIOS UUID; on -M pc (no EFI) azprov byte-swaps the first three fields (Gen1 rule).
+DMI_UUID = "78563412-ab90-efcd-1234-567890abcdef"
+VM_ID = "12345678-90ab-cdef-1234-567890abcdef"
+VM_TIMEOUT = 150
+# What Azure puts into the DMI chassis asset tag; without it azprov does nothing.
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl e2e@test"
+
+
+def azure_dhcp_options(gateway):
+    """tests/fixtures/azure-dhcp-options (the one definition) with the router filled in."""
+    with open(os.path.join(HERE, "..", "tests", "fixtures", "azure-dhcp-options")) as f:
+        return [l.strip().replace("GATEWAY", gateway) for l in f
+                if l.strip() and not l.startswith("#")]
+
+
+def sh(*args, **kw):
+    return subprocess.run(args, check=True, **kw)
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- kernel and images
+def fetch_deb(pkg, arch="amd64"):
+    """Downloads and unpacks Debian package `pkg` once into the cache; its directory."""
+    os.makedirs(CACHE, exist_ok=True)
+    qualified = pkg if arch == "amd64" else f"{pkg}:{arch}"
+    ver = subprocess.run(["apt-cache", "show", "--no-all-versions", qualified], capture_output=True, text=True,
+                         check=True).stdout
+    version = next(l.split(None, 1)[1].strip() for l in ver.splitlines() if l.startswith("Version:"))
+    d = os.path.join(CACHE, f"{pkg}_{version}_{arch}".replace(":", "_"))
+    if not os.path.isdir(d):
+        tmp = d + ".dl"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        sh("apt-get", "download", "-q", qualified, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deb = [f for f in os.listdir(tmp) if f.endswith(".deb")][0]
+        sh("dpkg-deb", "-x", os.path.join(tmp, deb), tmp + "/x")
+        os.rename(tmp + "/x", d)
+        shutil.rmtree(tmp)
+    return d
+
+
+def kernel(arch="amd64"):
+    """Resolves linux-image-cloud-ARCH to its ABI package, fetches and unpacks it once."""
+    meta = f"linux-image-cloud-{arch}" + ("" if arch == "amd64" else f":{arch}")
+    dep = subprocess.run(["apt-cache", "depends", meta], capture_output=True, text=True, check=True).stdout
+    pkg = next(l.split()[1].split(":")[0] for l in dep.splitlines()
+               if l.strip().startswith("Depends: linux-image-") and l.split()[1][12:13].isdigit())
+    kdir = fetch_deb(pkg, arch)
+    kver = os.listdir(os.path.join(kdir, "lib", "modules"))[0]
+    if not os.path.exists(os.path.join(kdir, "lib", "modules", kver, "modules.dep")):
+        sh("depmod", "-b", kdir, kver)
+    return os.path.join(kdir, "boot", f"vmlinuz-{kver}"), os.path.join(kdir, "lib", "modules", kver)
+
+
+def xfs_protofile(tree, out):
+    """mkfs.xfs's protofile (-p) for `tree`: each entry's name, type and mode, owner, and the
+    source file or link target; a directory's entries end with `$`. Keeps modes and owners,
+    so no loop mount is needed."""
+    def spec(path):
+        st = os.lstat(path)
+        kind = "d" if stat.S_ISDIR(st.st_mode) else "l" if stat.S_ISLNK(st.st_mode) else "-"
+        mode = (kind + ("u" if st.st_mode & stat.S_ISUID else "-") + ("g" if st.st_mode & stat.S_ISGID else "-")
+                + "%03o" % (st.st_mode & 0o777))
+        return f"{mode} {st.st_uid} {st.st_gid}"
+
+    lines = ["/dev/null", "0 0", spec(tree)]
+
+    def walk(d, depth):
+        for name in sorted(os.listdir(d)):
+            path = os.path.join(d, name)
+            line = " " * depth + f"{name} {spec(path)}"
+            if os.path.islink(path):
+                lines.append(f"{line} {os.readlink(path)}")
+            elif os.path.isdir(path):
+                lines.append(line)
+                walk(path, depth + 1)
+                lines.append(" " * depth + "$")
+            else:
+                lines.append(f"{line} {path}")
+
+    walk(tree, 1)
+    lines.append("$")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def make_root(work, name="root.img", busybox=None, fs="ext4"):
+    """An ext4 (or xfs) root made from the Debian-like fixture tree, with busybox (the host's,
+    or `busybox` for another architecture) and the test init."""
+    tree = os.path.join(work, "roottree")
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(os.path.join(FIXTURES, "root"), tree, symlinks=True)
+    for d in ("proc", "sys", "dev", "run", "tmp", "sbin", "root"):
+        os.makedirs(os.path.join(tree, d), exist_ok=True)
+    shutil.copy(busybox or shutil.which("busybox") or "/bin/busybox", os.path.join(tree, "bin", "busybox"))
+    os.remove(os.path.join(tree, "bin", "bash"))
+    for tool in ("sh", "cat", "wc", "cut", "tr", "grep", "ip", "mount"):
+        os.symlink("busybox", os.path.join(tree, "bin", tool))
+    os.symlink("/bin/sh", os.path.join(tree, "bin", "bash"))
+    shutil.copy(os.path.join(HERE, "test-init"), os.path.join(tree, "sbin", "init"))
+    os.chmod(os.path.join(tree, "sbin", "init"), 0o755)
+    for f in ("etc/shadow", "etc/gshadow"):
+        os.chown(os.path.join(tree, f), 0, 42)
+        os.chmod(os.path.join(tree, f), 0o640)
+    img = os.path.join(work, name)
+    if fs == "xfs":
+        # xfsprogs 6.1 refuses a filesystem under 300 MB; the file is sparse
+        proto = os.path.join(work, "root.proto")
+        xfs_protofile(tree, proto)
+        with open(img, "wb") as f:
+            f.truncate(320 << 20)
+        sh("mkfs.xfs", "-q", "-f", "-L", "azroot", "-m", f"uuid={ROOT_UUID}", "-p", proto, img,
+           stdout=subprocess.DEVNULL)
+    else:
+        sh("mkfs.ext4", "-q", "-F", "-L", "azroot", "-U", ROOT_UUID, "-E", "root_owner=0:0", "-d", tree, img,
+           "48M", stdout=subprocess.DEVNULL)
+    shutil.rmtree(tree)
+    return img
+
+
+def make_cd(work, hostname, fs="udf"):
+    """The provisioning CD: UDF as Azure's, or iso9660 (Rock Ridge) as Azure Stack's may be."""
+    d = os.path.join(work, "cd")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(FIXTURES, "ovf", "wala.xml")) as f:
+        ovf = f.read().replace("vm-wala", hostname)
+    with open(os.path.join(d, "ovf-env.xml"), "w") as f:
+        f.write(ovf)
+    iso = os.path.join(work, "cd.iso")
+    kind = ["-udf"] if fs == "udf" else ["-R"]
+    sh("genisoimage", "-quiet", "-o", iso, *kind, "-V", "rd_rdfe_stable", "-input-charset", "utf-8", d)
+    return iso
+
+
+def imds_doc(computer):
+    return {
+        "compute": {"location": "westeurope", "name": computer, "vmSize": "Standard_B1s",
+                    "osProfile": {"adminUsername": "azureuser", "computerName": computer,
+                                  "disablePasswordAuthentication": "true"},
+                    "publicKeys": [{"keyData": KEY + "\r\n", "path": "/home/azureuser/.ssh/authorized_keys"}],
+                    "userData": "", "customData": "", "vmId": VM_ID},
+        "network": {"interface": []},
+        "extended": {"compute": {"hasCustomData": True, "ppsType": "None"}},
+    }
+
+
+def debugfs_cat(img, path):
+    r = subprocess.run(["debugfs", "-R", f"cat {path}", img], capture_output=True, text=True, check=False)
+    return r.stdout if r.returncode == 0 and "File not found" not in r.stderr else None
+
+
+# ---------------------------------------------------------------- network namespace
+class Fabric:
+    """A namespace with tap0 for the guest, dnsmasq and the mock fabric."""
+
+    def __init__(self, work, tag, doc, playbook=(), option245=True):
+        self.ns = f"azq{os.getpid() % 10000}{tag}"
+        self.work = work
+        self.procs = []
+        subprocess.run(["ip", "netns", "del", self.ns], stderr=subprocess.DEVNULL, check=False)
+        sh("ip", "netns", "add", self.ns)
+        ip = lambda *a: sh("ip", "-n", self.ns, *a)
+        ip("link", "set", "lo", "up")
+        ip("addr", "add", "168.63.129.16/32", "dev", "lo")
+        ip("addr", "add", "169.254.169.254/32", "dev", "lo")
+        ip("tuntap", "add", "dev", "tap0", "mode", "tap")
+        ip("addr", "add", "10.44.0.1/24", "dev", "tap0")
+        ip("link", "set", "tap0", "up")
+        with open(os.path.join(work, "imds.json"), "w") as f:
+            json.dump(doc, f)
+        with open(os.path.join(work, "playbook.json"), "w") as f:
+            json.dump(list(playbook), f)
+        self.fabric_log = os.path.join(work, "fabric.jsonl")
+        self.dnsmasq_log = os.path.join(work, "dnsmasq.log")
+        fab = subprocess.Popen(["ip", "netns", "exec", self.ns, "python3", os.path.join(HERE, "fabric.py"),
+                                "--log", self.fabric_log, "--imds-doc", os.path.join(work, "imds.json"),
+                                "--playbook", os.path.join(work, "playbook.json")],
+                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self.procs.append(fab)
+        assert fab.stdout.readline() == b"fabric ready\n"
+        args = ["ip", "netns", "exec", self.ns, "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts",
+                "--port=0", "--interface=tap0", "--bind-interfaces", "--user=root", "--no-ping",
+                "--dhcp-authoritative", "--log-dhcp", f"--log-facility={self.dnsmasq_log}",
+                f"--dhcp-leasefile={work}/dnsmasq.leases", f"--pid-file={work}/dnsmasq.pid",
+                "--dhcp-range=10.44.0.10,10.44.0.50,255.255.255.0,infinite"]
+        args += ["--dhcp-option=" + o for o in azure_dhcp_options("10.44.0.1")
+                 if option245 or not o.startswith("245,")]
+        self.procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL))
+        for _ in range(200):
+            if os.path.exists(self.dnsmasq_log) and "DHCP, IP range" in open(self.dnsmasq_log).read():
+                break
+            time.sleep(0.02)
+
+    def requests(self):
+        if not os.path.exists(self.fabric_log):
+            return []
+        with open(self.fabric_log) as f:
+            return [json.loads(l) for l in f if l.strip()]
+
+    def dhcp_discovers(self):
+        return open(self.dnsmasq_log).read().count("DHCPDISCOVER") if os.path.exists(self.dnsmasq_log) else 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        subprocess.run(["ip", "netns", "del", self.ns], stderr=subprocess.DEVNULL, check=False)
+
+
+# ---------------------------------------------------------------- QEMU
+def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384"):
+    a = ["qemu-system-x86_64", "-accel", accel, "-m", mem, "-smp", "1", "-nodefaults", "-display", "none",
+         "-no-reboot", "-uuid", DMI_UUID, "-kernel", kernel_img, "-initrd", initrd, "-append", append,
+         "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0"]
+    # a .qcow2 root is an overlay on a shared raw image (qemu-tests/distro)
+    fmt = "qcow2" if root_img.endswith(".qcow2") else "raw"
+    if azure:
+        a += ["-smbios", f"type=3,asset={AZURE_ASSET_TAG}"]
+    if shape == "gen1":
+        a += ["-M", "pc", "-drive", f"file={root_img},format={fmt},if=virtio"]
+        if cd:
+            a += ["-drive", f"file={cd},format=raw,media=cdrom,if=ide,readonly=on"]
+    else:  # gen2: everything on one SCSI controller, as Azure Gen2 VMs have it
+        a += ["-M", "q35", "-device", "virtio-scsi-pci,id=scsi0",
+              "-drive", f"file={root_img},format={fmt},if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0"]
+        if cd:
+            a += ["-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
+                  "-device", "scsi-cd,drive=cd0,bus=scsi0.0"]
+    return a
+
+
+def boot(fabric, work, shape, kernel_img, initrd, root_img, cd, extra_append="", accel="tcg", timeout=VM_TIMEOUT,
+         azure=True, qemu_extra=()):
+    root = "root=UUID=" + ROOT_UUID if shape == "gen2" else "root=/dev/vda"
+    append = (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests {root} rw rootwait "
+              f"azprov.timeout=60 azprov.onfail=poweroff {extra_append} "
+              f"{os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
+    console = os.path.join(work, "console.log")
+    cmd = ["ip", "netns", "exec", fabric.ns, "timeout", str(timeout)] + \
+        qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure) + ["-serial", f"file:{console}"] + \
+        list(qemu_extra)
+    start = time.time()
+    rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    took = time.time() - start
+    out = open(console, errors="replace").read() if os.path.exists(console) else ""
+    if rc.returncode not in (0,):
+        out += f"\n[qemu rc={rc.returncode}] {rc.stderr}"
+    return start, took, out, rc.returncode
+
+
+def ready_after(fabric, start):
+    for r in fabric.requests():
+        if r.get("endpoint") == "health" and r.get("state") == "Ready" and r.get("status") == 200:
+            return r["t"] - start
+    return None
+
+
+# ---------------------------------------------------------------- scenarios
+class Check:
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        if not ok:
+            self.failures.append(what)
+
+
+def scenario_happy(ctx, shape, hostname, with_cd=True, playbook=(), option245=True, extra="", fs="ext4",
+                   cd_fs="udf"):
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc(hostname), playbook, option245)
+    try:
+        root = make_root(work, fs=fs)
+        cd = make_cd(work, hostname + "-ovf", cd_fs) if with_cd else None
+        start, took, out, rc = boot(fabric, work, shape, ctx["kernel"], ctx["initrd"], root, cd, extra, ctx["accel"])
+        return fabric, root, start, took, out, rc
+    except BaseException:
+        fabric.close()
+        raise
+
+
+def common_checks(c, fabric, root, out, rc, hostname):
+    c(rc == 0, f"qemu exit code {rc}")
+    c("REALROOT-DONE" in out, "the real root's init did not run to the end")
+    c(f"hostname={hostname}" in out, f"the real root does not see hostname {hostname}")
+    c(debugfs_cat(root, "/etc/hostname") == hostname + "\n", "/etc/hostname on the disk")
+    keys = debugfs_cat(root, "/home/azureuser/.ssh/authorized_keys") or ""
+    c(KEY in keys, "the IMDS key is not in authorized_keys")
+    c("REALROOT ipv4=0" in out, "the network was not torn down before handover")
+    c("REALROOT modparams scan=async" in out, "scsi_mod's scan mode was not put back to async before handover")
+    boot_log = debugfs_cat(root, "/var/log/azprov.log") or ""
+    c("modules:" in boot_log and "report:" in boot_log, "/var/log/azprov.log lacks the boot's stages")
+    c("S3cr3t" not in boot_log and "S3cr3t" not in out, "the password leaked into a log")
+    block = out.split("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")[-1].split("-----END SSH HOST KEY FINGERPRINTS-----")[0]
+    c("-----BEGIN SSH HOST KEY FINGERPRINTS-----" in out and block.count(f"root@{hostname} (") == 3,
+      "no fingerprint block with three keys on the console")
+    pub = debugfs_cat(root, "/etc/ssh/ssh_host_ed25519_key.pub") or ""
+    c(pub.startswith("ssh-ed25519 ") and pub.endswith(f" root@{hostname}\n"), "no new ed25519 host key in the root")
+    c("PRIVATE KEY" not in out and "PRIVATE KEY" not in boot_log, "a private host key reached a log")
+    posts = [r for r in fabric.requests() if r.get("endpoint") == "health"]
+    c(any(p.get("state") == "Ready" and p.get("status") == 200 for p in posts), f"no Ready reached the fabric: {posts}")
+
+
+def run_gen1(ctx):
+    c = Check()
+    fabric, root, start, took, out, rc = scenario_happy(ctx, "gen1", "e2e-gen1")
+    try:
+        common_checks(c, fabric, root, out, rc, "e2e-gen1")
+        c("ovf-env.xml read from /dev/sr0 (udf)" in out, "the IDE CD was not read as udf")
+        # isofs waits for a CD without UDF (no-option-245's)
+        c(" for iso9660" not in out and "isofs" not in out, "isofs was loaded for a UDF CD")
+        # only the drivers of this VM's devices: no Hyper-V under QEMU, no virtio-scsi here
+        c("hv_vmbus (not Hyper-V)" in out and "pci_hyperv (not Hyper-V)" in out
+          and "virtio_scsi (no device)" in out, "hv_vmbus, pci_hyperv or virtio_scsi was not left out")
+        swapped = "12345678-90ab-cdef-1234-567890abcdef"
+        c((debugfs_cat(root, "/var/lib/azprov/provisioned") or "").strip() == swapped, "marker holds the Gen1-swapped DMI id")
+        # the VM id azprov reported and recorded is IMDS's, which the swapped DMI id must equal
+        c(f"vmId {swapped}" in out, "IMDS's vmId was not logged as the Gen1-swapped DMI id")
+        ctx["gen1_root"] = root
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_gen2(ctx):
+    c = Check()
+    # a module parameter on the command line reaches the module, as modprobe would pass it
+    fabric, root, start, took, out, rc = scenario_happy(ctx, "gen2", "e2e-gen2", extra="virtio_net.csum=0")
+    try:
+        common_checks(c, fabric, root, out, rc, "e2e-gen2")
+        c(" csum=N" in out, "virtio_net.csum=0 on the command line did not reach virtio_net")
+        c(f"UUID={ROOT_UUID} is /dev/sda" in out, "root=UUID= did not resolve to the SCSI disk")
+        c("ovf-env.xml read from /dev/sr0 (udf)" in out, "the SCSI CD was not read")
+        # q35 has no PIIX IDE (its SATA is AHCI) and no virtio-blk: their drivers stay out
+        c("ata_piix (no device)" in out and "libata (only skipped modules need it)" in out
+          and "virtio_blk (no device)" in out, "ata_piix, libata or virtio_blk was not left out")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_xfs_root(ctx):
+    """A RHEL-family layout: the root on xfs, found by UUID on the Gen2 SCSI disk. xfs is one
+    of the modules the initramfs keeps LZ4-compressed (.ko.lz4): azprov decompresses it and
+    loads it once the superblock says xfs. The root is read back through the real init's
+    console lines (debugfs reads only ext4)."""
+    c = Check()
+    fabric, _root, start, took, out, rc = scenario_happy(ctx, "gen2", "e2e-xfs", fs="xfs")
+    try:
+        c(rc == 0, f"qemu exit code {rc}")
+        c(f"UUID={ROOT_UUID} is /dev/sda (xfs)" in out, "root=UUID= did not find the xfs root")
+        fs_line = next((l for l in out.splitlines() if "for the root filesystem" in l), "")
+        c(fs_line.endswith(": libcrc32c xfs for the root filesystem"), f"not exactly xfs for the root: {fs_line!r}")
+        c("hostname=e2e-xfs" in out, "the real root does not see the hostname")
+        # SeaBIOS, as on Gen1: the DMI id byte-swapped
+        c("REALROOT marker=12345678-90ab-cdef-1234-567890abcdef" in out, "no provisioned marker in the xfs root")
+        c("REALROOT keys /home/azureuser=2" in out, "the OVF and IMDS keys are not in the xfs root")
+        c("REALROOT-DONE" in out, "the real root's init did not run to the end")
+        c("S3cr3t" not in out, "the password leaked into the console")
+        posts = [r for r in fabric.requests() if r.get("endpoint") == "health"]
+        c(any(p.get("state") == "Ready" and p.get("status") == 200 for p in posts), f"no Ready: {posts}")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_second_boot(ctx):
+    """Boots a provisioned disk again: no DHCP, no fabric request, straight to the real init."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-second"))
+    try:
+        root = make_root(work)
+        cd = make_cd(work, "e2e-second")
+        _, _, out1, rc1 = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], root, cd, "", ctx["accel"])
+        c(rc1 == 0 and "REALROOT-DONE" in out1, "the first boot failed")
+        before, dhcp_before = len(fabric.requests()), fabric.dhcp_discovers()
+        _start, took, out, rc = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], root, cd, "", ctx["accel"])
+        time.sleep(0.3)
+        c(rc == 0 and "REALROOT-DONE" in out, "the second boot did not reach the real init")
+        c("already provisioned" in out, "azprov did not say it was already provisioned")
+        c(len(fabric.requests()) == before, f"the fabric got {len(fabric.requests()) - before} request(s) on the second boot")
+        c(fabric.dhcp_discovers() == dhcp_before, "DHCP ran on the second boot")
+        return c, None, took, out
+    finally:
+        fabric.close()
+
+
+def run_no_cd(ctx):
+    c = Check()
+    fabric, root, start, took, out, rc = scenario_happy(ctx, "gen1", "e2e-nocd", with_cd=False)
+    try:
+        common_checks(c, fabric, root, out, rc, "e2e-nocd")
+        c("no provisioning media" in out, "azprov did not note the missing media")
+        # every controller was probed inside its module's load: nothing to wait out
+        c("no CD-ROM drive after" not in out, "azprov waited out the CD settle time without a CD")
+        c(" csum=Y" in out, "virtio_net's csum default changed without a parameter")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_missing_init(ctx):
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-noinit"))
+    try:
+        root = make_root(work)
+        before = debugfs_cat(root, "/etc/hostname")
+        cd = make_cd(work, "e2e-noinit")
+        _start, took, out, rc = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], root, cd, "init=/sbin/nosuchinit", ctx["accel"])
+        c("init=/sbin/nosuchinit is not an executable file" in out, "no clear error on the console")
+        c("REALROOT-INIT" not in out, "something ran in the real root")
+        c(debugfs_cat(root, "/etc/hostname") == before, "the real root was modified")
+        c(debugfs_cat(root, "/var/lib/azprov/provisioned") is None, "a marker was written")
+        c(fabric.requests() == [], "the fabric was contacted")
+        c(rc == 0, f"azprov.onfail=poweroff did not power off (rc {rc})")
+        return c, None, took, out
+    finally:
+        fabric.close()
+
+
+def run_imds_down(ctx):
+    c = Check()
+    pb = [{"endpoint": "imds", "requests": "*", "status": 503}]
+    fabric, _root, start, took, out, rc = scenario_happy(ctx, "gen1", "e2e-imdsdown", playbook=pb, extra="azprov.timeout=20")
+    try:
+        # hostname comes from the CD this time
+        c(rc == 0 and "REALROOT-DONE" in out, "did not boot through")
+        c("hostname=e2e-imdsdown-ovf" in out, "hostname was not taken from ovf-env.xml")
+        posts = [r for r in fabric.requests() if r.get("endpoint") == "health"]
+        c(any(p.get("state") == "Ready" for p in posts), "no Ready")
+        c(sum(1 for r in fabric.requests() if r.get("server") == "imds") > 1, "IMDS was not retried")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_no_option_245(ctx):
+    """No DHCP option 245, and a provisioning CD in iso9660 (Rock Ridge) without UDF, as Azure
+    Stack's may be: isofs, which the initramfs holds back, is loaded for it on demand."""
+    c = Check()
+    fabric, root, start, took, out, rc = scenario_happy(ctx, "gen1", "e2e-no245", option245=False, cd_fs="iso9660")
+    try:
+        common_checks(c, fabric, root, out, rc, "e2e-no245")
+        c("wireserver (none, using 168.63.129.16)" in out, "the fallback to 168.63.129.16 was not logged")
+        c("ovf-env.xml read from /dev/sr0 (iso9660)" in out, "the iso9660 CD was not read as iso9660")
+        c(re.search(r"modules: \d+ ms: isofs for iso9660", out) is not None, "isofs was not loaded for the iso9660 CD")
+        c("UDF-fs" not in out, "the CD without UDF was tried as udf")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+def run_no_root(ctx):
+    """root= names nothing: the wait is bounded, the reason repeats, azprov.onfail is followed."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-noroot"))
+    try:
+        root = make_root(work)
+        _start, took, out, rc = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], root, None,
+                                    "root=UUID=00000000-1111-2222-3333-444444444444 rootdelay=3", ctx["accel"])
+        want = "cannot boot: root device UUID=00000000-1111-2222-3333-444444444444 did not appear within 3s"
+        c(out.count(want) >= 3, "the reason was not repeated on the console")
+        c(rc == 0, f"azprov.onfail=poweroff did not power off (rc {rc})")
+        c(fabric.requests() == [], "the fabric was contacted")
+        return c, None, took, out
+    finally:
+        fabric.close()
+
+
+def run_not_azure(ctx):
+    """No Azure chassis asset tag: straight to the real init, no packet, the root untouched."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-notazure"))
+    try:
+        root = make_root(work)
+        before = debugfs_cat(root, "/etc/hostname")
+        cd = make_cd(work, "e2e-notazure")
+        _start, took, out, rc = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], root, cd, "", ctx["accel"],
+                                    azure=False)
+        time.sleep(0.3)
+        c(rc == 0 and "REALROOT-DONE" in out, "did not reach the real init")
+        c("not an Azure VM" in out, "azprov did not say why it did nothing")
+        c(fabric.requests() == [], "the fabric was contacted")
+        c(fabric.dhcp_discovers() == 0, "DHCP ran")
+        c(debugfs_cat(root, "/etc/hostname") == before, "the root was modified")
+        c(debugfs_cat(root, "/var/lib/azprov/provisioned") is None, "a marker was written")
+        return c, None, took, out
+    finally:
+        fabric.close()
+
+
+def run_arm64(ctx):
+    """Azure's Arm VMs (Cobalt, Ampere): Gen2 only, UEFI, SCSI. The aarch64 build of azprov in
+    an initramfs of Debian's cloud-arm64 kernel, booted by QEMU's virt machine with UEFI
+    firmware (which hands SMBIOS, so DMI, to the kernel) under TCG; virtio-scsi disk and CD."""
+    c = Check()
+    work = ctx["work"]
+    kernel_img, moddir = kernel("arm64")
+    azprov = subprocess.run([os.path.join(TOP, "scripts", "build"), "--target", "aarch64"], check=True,
+                            stdout=subprocess.PIPE, text=True).stdout.split()[-1]
+    initrd = os.path.join(work, "initrd-arm64.img")
+    # the test root is ext4: --root-fs leaves xfs and btrfs out of the image; zstd, so that the
+    # other compression boots too (the x86_64 scenarios have the default, lz4)
+    sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--arch", "arm64", "--kernel-modules", moddir,
+       "--azprov", azprov, "--root-fs", "ext4", "--compress", "zstd", "-o", initrd, stdout=subprocess.DEVNULL)
+    listed = subprocess.run(f"zstd -dc {initrd} | cpio -i --quiet --to-stdout etc/azprov/modules", shell=True,
+                            check=True, stdout=subprocess.PIPE, text=True).stdout
+    c("/xfs.ko" not in listed and "/btrfs.ko" not in listed and "/udf.ko" in listed,
+      "--root-fs ext4 did not leave exactly xfs and btrfs out")
+    busybox = os.path.join(fetch_deb("busybox-static", "arm64"), "bin", "busybox")
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-arm64"))
+    try:
+        root = make_root(work, busybox=busybox)
+        cd = make_cd(work, "e2e-arm64-ovf")
+        append = (f"console=ttyAMA0 loglevel=6 panic=-1 root=UUID={ROOT_UUID} rw rootwait "
+                  f"azprov.timeout=90 azprov.onfail=poweroff {os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
+        console = os.path.join(work, "console.log")
+        cmd = ["ip", "netns", "exec", fabric.ns, "timeout", "400",
+               "qemu-system-aarch64", "-M", "virt", "-cpu", "max", "-accel", "tcg", "-m", "512", "-smp", "1",
+               "-nodefaults", "-display", "none", "-no-reboot", "-uuid", DMI_UUID,
+               "-bios", "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd",
+               "-smbios", f"type=3,asset={AZURE_ASSET_TAG}",
+               "-kernel", kernel_img, "-initrd", initrd, "-append", append,
+               "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0",
+               "-device", "virtio-scsi-pci,id=scsi0",
+               "-drive", f"file={root},format=raw,if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0",
+               "-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
+               "-device", "scsi-cd,drive=cd0,bus=scsi0.0",
+               "-serial", f"file:{console}"]
+        start = time.time()
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+        took = time.time() - start
+        out = open(console, errors="replace").read() if os.path.exists(console) else ""
+        if r.returncode:
+            out += f"\n[qemu rc={r.returncode}] {r.stderr}"
+        common_checks(c, fabric, root, out, r.returncode, "e2e-arm64")
+        c("azprov " in out and "as PID 1" in out, "azprov did not run as PID 1")
+        # UEFI: Gen2 rules, the DMI UUID as it is (no Gen1 byte swap)
+        c((debugfs_cat(root, "/var/lib/azprov/provisioned") or "").strip() == DMI_UUID,
+          "the marker is not the unswapped DMI UUID")
+        c("ovf-env.xml read from /dev/sr0" in out, "the SCSI CD was not read")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
+SCENARIOS = {
+    "gen1": run_gen1,
+    "gen2": run_gen2,
+    "xfs-root": run_xfs_root,
+    "second-boot": run_second_boot,
+    "no-cd": run_no_cd,
+    "missing-init": run_missing_init,
+    "imds-down": run_imds_down,
+    "no-option-245": run_no_option_245,
+    "no-root": run_no_root,
+    "not-azure": run_not_azure,
+    "arm64": run_arm64,
+}
+
+
+def kvm_works(kernel_img, initrd):
+    """KVM only if a trial boot of this kernel reaches azprov and powers off within 20 s."""
+    if not os.path.exists("/dev/kvm"):
+        return False
+    r = subprocess.run(["timeout", "20", "qemu-system-x86_64", "-accel", "kvm", "-M", "pc", "-m", "256", "-nodefaults",
+                        "-display", "none", "-no-reboot", "-serial", "stdio", "-kernel", kernel_img, "-initrd", initrd,
+                        "-append", "console=ttyS0 loglevel=6 panic=-1 azprov.onfail=poweroff"],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    return "azprov" in r.stdout and r.returncode == 0
+
+
+def main():
+    names = sys.argv[1:] or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        sys.exit(f"unknown scenario(s): {' '.join(unknown)}; known: {' '.join(SCENARIOS)}")
+    if os.geteuid() != 0:
+        sys.exit("qemu-tests/run needs root (network namespaces, tap devices)")
+    t0 = time.time()
+    kernel_img, moddir = kernel()
+    os.makedirs(OUT, exist_ok=True)
+    azprov = subprocess.run([os.path.join(TOP, "scripts", "build")], check=True, stdout=subprocess.PIPE, text=True).stdout.split()[-1]
+    initrd = os.path.join(OUT, "initrd.img")
+    r = subprocess.run([os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "--azprov", azprov, "-o", initrd],
+                       check=True, stdout=subprocess.PIPE, text=True)
+    log(r.stdout.strip())
+    accel = "kvm" if kvm_works(kernel_img, initrd) else "tcg"
+    log(f"kernel {os.path.basename(kernel_img)}, accel {accel}, setup {time.time() - t0:.1f}s")
+
+    def one(i, name):
+        work = os.path.join(OUT, name)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        ctx = {"work": work, "tag": str(i), "kernel": kernel_img, "initrd": initrd, "accel": accel}
+        try:
+            c, ready, took, out = SCENARIOS[name](ctx)
+        except Exception as e:  # a broken scenario is a failed scenario
+            return name, [f"{type(e).__name__}: {e}"], None, 0.0
+        with open(os.path.join(work, "console.txt"), "w") as f:
+            f.write(out)
+        return name, c.failures, ready, took
+
+    passed = failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for name, failures, ready, took in pool.map(lambda a: one(*a), enumerate(names)):
+            ready_s = f"{ready:.2f}s" if ready is not None else "-"
+            if failures:
+                failed += 1
+                log(f"FAIL {name}: qemu {took:.1f}s; " + "; ".join(failures) + f" (console: qemu-tests/out/{name}/console.txt)")
+            else:
+                passed += 1
+                log(f"PASS {name}: QEMU start to Ready {ready_s} ({accel}), qemu {took:.1f}s")
+    log(f"qemu-tests: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
