@@ -125,6 +125,12 @@ impl Failure {
             extra: Vec::new(),
         }
     }
+
+    /// This failure with one more key=value of supporting data for the description.
+    pub fn with(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.extra.push((key, value.into()));
+        self
+    }
 }
 
 impl fmt::Display for Failure {

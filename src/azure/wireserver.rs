@@ -98,24 +98,43 @@ pub enum Health {
     },
 }
 
-/// `result=error|reason=…|agent=azprov/VER|…|vm_id=…|timestamp=…`, trimmed to 512 characters:
-/// the failure's supporting data between `agent` and `vm_id`, in cloud-init's field order.
-/// Values holding the delimiter are quoted the way cloud-init's csv writer does.
+/// Where Azure's own failure message sends users; cloud-init and azure-init end every NotReady
+/// description with it.
+pub const DOCUMENTATION_URL: &str = "https://aka.ms/linuxprovisioningerror";
+
+/// `result=error|reason=…|agent=azprov/VER|…|vm_id=…|timestamp=…|documentation_url=…`, at most
+/// 512 characters: the failure's supporting data between `agent` and `vm_id`, in cloud-init's
+/// field order, cut short when the whole would be longer, so the tail always arrives. Values
+/// holding the delimiter are quoted the way cloud-init's csv writer does.
 pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> String {
     let agent = format!("azprov/{}", crate::VERSION);
-    let mut fields = vec![
+    let join = |fields: &[(&str, &str)]| {
+        fields
+            .iter()
+            .map(|(k, v)| quote(&format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let mut head = vec![
         ("result", "error"),
         ("reason", failure.reason.as_str()),
         ("agent", agent.as_str()),
     ];
-    fields.extend(failure.extra.iter().map(|(k, v)| (*k, v.as_str())));
-    fields.extend([("vm_id", vm_id), ("timestamp", timestamp)]);
-    let joined = fields
-        .iter()
-        .map(|(k, v)| quote(&format!("{k}={v}")))
-        .collect::<Vec<_>>()
-        .join("|");
-    joined.chars().take(DESCRIPTION_MAX_CHARS).collect()
+    head.extend(failure.extra.iter().map(|(k, v)| (*k, v.as_str())));
+    let tail = format!(
+        "|{}",
+        join(&[
+            ("vm_id", vm_id),
+            ("timestamp", timestamp),
+            ("documentation_url", DOCUMENTATION_URL),
+        ])
+    );
+    let room = DESCRIPTION_MAX_CHARS.saturating_sub(tail.chars().count());
+    let head: String = join(&head).chars().take(room).collect();
+    format!("{head}{tail}")
+        .chars()
+        .take(DESCRIPTION_MAX_CHARS)
+        .collect()
 }
 
 fn quote(field: &str) -> String {
@@ -394,6 +413,13 @@ mod tests {
             "result=error|reason=reported by operator|agent=azprov/{}|detail=bad <thing> & more xxx",
             crate::VERSION
         )));
+        // the supporting data gives way, the tail arrives whole
+        assert!(
+            desc.ends_with(&format!(
+                "xxx|vm_id=vm-1|timestamp=2026-11-30T15:19:55Z|documentation_url={DOCUMENTATION_URL}"
+            )),
+            "{desc}"
+        );
         let body = emit_health(
             &g,
             &Health::Failed {
@@ -422,7 +448,7 @@ mod tests {
         assert_eq!(
             d,
             format!(
-                "result=error|reason=failure to obtain DHCP lease|agent=azprov/{}|vm_id=abc|timestamp=T",
+                "result=error|reason=failure to obtain DHCP lease|agent=azprov/{}|vm_id=abc|timestamp=T|documentation_url=https://aka.ms/linuxprovisioningerror",
                 crate::VERSION
             )
         );

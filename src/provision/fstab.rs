@@ -251,7 +251,10 @@ impl Drop for Mounted {
 /// comment). Fails, naming the mount, when a device cannot be found or mounted; what was
 /// mounted by then is unmounted again.
 pub fn mount_for_writes(root: &Sysroot, sys_block: &Path, dev: &Path) -> Result<Mounted, Failure> {
-    let fail = |m: String| Failure::new(Reason::MountFstab, m);
+    // the mount point as supporting data for Azure's description; the spec is in the message
+    let fail = |target: &str, m: String| {
+        Failure::new(Reason::MountFstab, m).with("mount", target.to_string())
+    };
     let Some(text) = root.read("/etc/fstab").ok().flatten() else {
         return Ok(Mounted::default());
     };
@@ -273,28 +276,31 @@ pub fn mount_for_writes(root: &Sysroot, sys_block: &Path, dev: &Path) -> Result<
         }
         let target = root
             .resolve(&e.target)
-            .map_err(|err| fail(format!("{}: {err}", e.target)))?;
+            .map_err(|err| fail(&e.target, format!("{}: {err}", e.target)))?;
         if mount_points().contains(&target) {
             log::info!("fstab: {} is mounted already", e.target);
             continue;
         }
         if !target.is_dir() {
-            return Err(fail(format!(
-                "{}: the mount point does not exist in the root",
-                e.target
-            )));
+            return Err(fail(
+                &e.target,
+                format!("{}: the mount point does not exist in the root", e.target),
+            ));
         }
         let (mut flags, data) = e.flags();
         let source = if flags.contains(MsFlags::MS_BIND) {
             root.resolve(&e.spec)
-                .map_err(|err| fail(format!("{} (bind {}): {err}", e.target, e.spec)))?
+                .map_err(|err| fail(&e.target, format!("{} (bind {}): {err}", e.target, e.spec)))?
         } else {
             find_device(&e.spec, sys_block, dev).ok_or_else(|| {
-                fail(format!(
-                    "{} on {}: no such device (an LVM volume the initramfs did not activate? \
+                fail(
+                    &e.target,
+                    format!(
+                        "{} on {}: no such device (an LVM volume the initramfs did not activate? \
                      dracut: rd.lvm.lv= or rd.lvm.vg= for it)",
-                    e.target, e.spec
-                ))
+                        e.target, e.spec
+                    ),
+                )
             })?
         };
         let fstype = match e.fstype.as_str() {
@@ -314,12 +320,15 @@ pub fn mount_for_writes(root: &Sysroot, sys_block: &Path, dev: &Path) -> Result<
             (!data.is_empty()).then_some(data.as_str()),
         )
         .map_err(|errno| {
-            fail(format!(
-                "{} on {} ({}): mount: {errno}",
-                e.target,
-                source.display(),
-                e.fstype
-            ))
+            fail(
+                &e.target,
+                format!(
+                    "{} on {} ({}): mount: {errno}",
+                    e.target,
+                    source.display(),
+                    e.fstype
+                ),
+            )
         })?;
         log::info!(
             "fstab: {} mounted from {} ({fstype}) for the run: {} ms",
@@ -454,6 +463,7 @@ mod tests {
             "{}",
             e.detail
         );
+        assert_eq!(e.extra, [("mount", "/var/lib/azprov".to_string())]);
         assert!(!mount_points().contains(&dir.join("home")));
         std::fs::remove_dir_all(&dir).unwrap();
     }

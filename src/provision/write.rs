@@ -53,7 +53,13 @@ pub fn write_all(
         (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
         (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
     };
-    synced.map_err(|e| Failure::new(reason_for(&e, Reason::WriteMarker), e))?;
+    synced.map_err(|e| {
+        supported(
+            root,
+            Failure::new(reason_for(&e, Reason::WriteMarker), &e),
+            &e,
+        )
+    })?;
     let owed = State {
         vm_id: Some(vm_id.to_string()),
         provisioned_at: Some(crate::time::now_rfc3339()),
@@ -120,11 +126,33 @@ fn reason_for(e: &WriteError, fallback: Reason) -> Reason {
 
 /// `reason`'s failure for `e`, or the failure of the step whose file `e` names, with its place
 /// in the contract's order.
-fn fail(reason: Reason) -> impl Fn(WriteError) -> Step {
+fn fail(root: &Sysroot, reason: Reason) -> impl Fn(WriteError) -> Step + '_ {
     move |e| {
         let r = reason_for(&e, reason);
         let at = STEPS.iter().position(|(s, _)| *s == r).unwrap_or(0);
-        (u8::try_from(at).unwrap_or(0), Failure::new(r, e))
+        (
+            u8::try_from(at).unwrap_or(0),
+            supported(root, Failure::new(r, &e), &e),
+        )
+    }
+}
+
+/// `f` with what a support engineer needs from `e` as the description's supporting data: the
+/// path as the root sees it, the operation and the errno's name (never file contents).
+fn supported(root: &Sysroot, f: Failure, e: &WriteError) -> Failure {
+    match e {
+        WriteError::Io { op, path, source } => {
+            let view = std::path::Path::new(path)
+                .strip_prefix(root.root())
+                .map_or_else(|_| path.clone(), |p| format!("/{}", p.display()));
+            let f = f.with("path", view).with("op", *op);
+            match source.raw_os_error() {
+                Some(n) => f.with("errno", format!("{:?}", crate::sys::Errno::from_raw(n))),
+                None => f,
+            }
+        }
+        WriteError::HomeOwned { home, .. } => f.with("path", home.clone()),
+        _ => f,
     }
 }
 
@@ -140,12 +168,12 @@ fn write_account(
         (Some(_), Some(h)) => Some(h),
         (Some(p), None) => Some(hash_password(p)),
     };
-    let hash = hash.transpose().map_err(fail(Reason::CreateUser))?;
+    let hash = hash.transpose().map_err(fail(root, Reason::CreateUser))?;
     let account = root.ensure_user(user, hash.as_ref()).map_err(|e| match e {
         WriteError::SystemAccount { .. }
         | WriteError::NoLogin { .. }
         | WriteError::SystemGroup { .. } => (1, Failure::new(Reason::InvalidUsername, e)),
-        e => fail(Reason::CreateUser)(e),
+        e => fail(root, Reason::CreateUser)(e),
     })?;
     log::info!(
         "user {user} (uid {}, {}) from {}",
@@ -160,25 +188,25 @@ fn write_account(
     if !data.keys.is_empty() {
         let files = root
             .write_keys(&account, user, &data.keys)
-            .map_err(fail(Reason::WriteKeys))?;
+            .map_err(fail(root, Reason::WriteKeys))?;
         log::info!("{} SSH key(s) into {}", data.keys.len(), files.join(", "));
     }
     root.write_sudoers(user, data.password.is_some())
-        .map_err(fail(Reason::WriteSudoers))?;
+        .map_err(fail(root, Reason::WriteSudoers))?;
     Ok(account)
 }
 
 /// The system chain: hostname, sshd's password setting, custom data, user data, IMDS.
 fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
     root.write_hostname(&data.hostname.0)
-        .map_err(fail(Reason::WriteHostname))?;
+        .map_err(fail(root, Reason::WriteHostname))?;
     let password_auth = match data.disable_password_auth {
         Some((disable, _)) => !disable,
         None => data.password.is_some(),
     };
     match root
         .write_sshd(password_auth)
-        .map_err(fail(Reason::WriteSshd))?
+        .map_err(fail(root, Reason::WriteSshd))?
     {
         Some(at) => log::info!(
             "sshd PasswordAuthentication {} in {at}{}",
@@ -193,15 +221,15 @@ fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
     }
     if let Some(c) = &data.custom_data {
         root.write_state("customdata", c.expose())
-            .map_err(fail(Reason::WriteCustomData))?;
+            .map_err(fail(root, Reason::WriteCustomData))?;
     }
     if let Some(u) = &data.user_data {
         root.write_state("userdata", u.expose())
-            .map_err(fail(Reason::WriteUserData))?;
+            .map_err(fail(root, Reason::WriteUserData))?;
     }
     if let Some(j) = &data.imds_json {
         root.write_state("imds.json", j.expose())
-            .map_err(fail(Reason::WriteImds))?;
+            .map_err(fail(root, Reason::WriteImds))?;
     }
     Ok(())
 }
@@ -481,6 +509,15 @@ mod tests {
         let e = write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap_err();
         assert_eq!(e.reason, Reason::WriteHostname, "{}", e.detail);
         assert!(e.detail.contains("etc/hostname"), "{}", e.detail);
+        // Azure's description gets the path as the root sees it, the operation and the errno
+        assert_eq!(
+            e.extra,
+            [
+                ("path", "/etc/hostname".to_string()),
+                ("op", "rename".to_string()),
+                ("errno", "EISDIR".to_string())
+            ]
+        );
         assert!(!dir.join("var/lib/azprov/provisioned").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
