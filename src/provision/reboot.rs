@@ -4,16 +4,15 @@
 use super::hostkeys::{self, Keygen};
 use super::options::Options;
 use super::stages::{
-    install_host_keys, ms, network, prepare_network, release_network, report, report_deadline,
-    wireserver_addr, writable,
+    install_host_keys, network, prepare_network, record_report, release_network, report,
+    report_deadline, wireserver_addr, writable,
 };
 use super::state::{Acked, State};
-use super::summary::{Report, Summary};
+use super::summary::Summary;
 use super::sysroot::Sysroot;
 use crate::azure::http::Client;
 use crate::azure::wireserver::WireServer;
 use crate::deadline::Deadline;
-use std::time::Instant;
 
 /// A provisioned boot does nothing unless the first boot left work undone: a Ready the
 /// WireServer never acknowledged (sent again), or no host keys made for this VM id yet (made,
@@ -61,20 +60,21 @@ pub(super) fn finish_provisioned(
 fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool {
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
-    let t = Instant::now();
-    let network = network(opts, prepare_network(opts, deadline), hostname);
-    s.timings_ms.dhcp = ms(t.elapsed());
+    let start = prepare_network(opts, deadline);
+    let network = network(opts.wireserver, start, hostname, &mut s.timings_ms.dhcp);
     let client = Client::new();
     let ws = WireServer {
         client: &client,
-        addr: wireserver_addr(opts, &network),
+        addr: wireserver_addr(opts.wireserver, &network),
     };
-    let t = Instant::now();
-    let acked = report(&ws, &Ok(()), s, report_deadline(&network, deadline));
-    if !acked {
-        s.report = Report::Failure;
-    }
-    s.timings_ms.report = ms(t.elapsed());
-    release_network(opts, network);
-    acked
+    let acked = report(
+        &ws,
+        &Ok(()),
+        s.vm_id.as_deref(),
+        report_deadline(&network, deadline),
+        &mut s.timings_ms.report,
+    );
+    record_report(s, &Ok(()), &acked);
+    release_network(opts.keep_network, network);
+    acked.is_ok()
 }

@@ -7,10 +7,10 @@ use super::merge::merge;
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
 use super::stages::{
-    install_host_keys, ms, network, prepare_network, release_network, report, report_deadline,
-    wireserver_addr, writable,
+    install_host_keys, ms, network, prepare_network, record_report, release_network, report,
+    report_deadline, wireserver_addr, writable, Stage,
 };
-use super::state::{Acked, State, Timings};
+use super::state::{Acked, State};
 pub use super::summary::{Report, Summary};
 use super::sysroot::{self, Sysroot};
 use super::{Failure, Reason};
@@ -152,22 +152,16 @@ pub fn provision(opts: &Options) -> Summary {
 
 /// `provision` with the host keys' generation already started (`early_keygen`); without it,
 /// a new VM's run starts it beside the media stage.
-pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
+pub fn provision_with(opts: &Options, keygen: Option<Keygen>) -> Summary {
+    provision_in(opts, &Sysroot::new(&opts.root), keygen)
+}
+
+/// `provision_with` into a given [`Sysroot`]: one whose owners are only recorded
+/// ([`sysroot::Owners::recording`]) lets a whole run go without root in tests.
+pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) -> Summary {
     let t0 = Instant::now();
     let capture = crate::logger::Capture::install();
-    let root = Sysroot::new(&opts.root);
-    let mut s = Summary {
-        vm_id: vmid::read(&opts.dmi, &opts.sys),
-        hostname: None,
-        username: None,
-        ssh_keys: 0,
-        custom_data: false,
-        user_data: false,
-        report: Report::Failure,
-        reason: None,
-        host_keys: Vec::new(),
-        timings_ms: Timings::default(),
-    };
+    let mut s = Summary::new(vmid::read(&opts.dmi, &opts.sys));
     if opts.disable {
         log::info!("disabled on the kernel command line; not provisioning");
         s.report = Report::Disabled;
@@ -186,27 +180,27 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
     // What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run and
     // unmounted on every way out: the marker itself may live on /var.
     let (_mounted, mount_failure) =
-        match fstab::mount_for_writes(&root, &opts.sys.join("class/block"), &opts.dev) {
+        match fstab::mount_for_writes(root, &opts.sys.join("class/block"), &opts.dev) {
             Ok(m) => (m, None),
             Err(f) => {
                 log::error!("{f}");
                 (fstab::Mounted::default(), Some(f))
             }
         };
-    remove_stale_temporaries(opts, &root);
+    remove_stale_temporaries(opts, root);
     if !opts.force {
-        if let Some(why) = already_provisioned(&root, &opts.dmi, &opts.sys) {
+        if let Some(why) = already_provisioned(root, &opts.dmi, &opts.sys) {
             log::info!("already provisioned ({why}); nothing to do");
             s.report = Report::Skipped;
             s.vm_id = s.vm_id.or_else(|| root.read_marker());
-            finish_provisioned(opts, &root, &mut s, keygen);
+            finish_provisioned(opts, root, &mut s, keygen);
             s.timings_ms.total = ms(t0.elapsed());
             return s;
         }
     }
     let deadline = Deadline::after(opts.timeout);
     root.set_deadline(deadline);
-    let earlier = State::load(&root);
+    let earlier = State::load(root);
     let earlier = earlier.as_ref();
     // Read-only again when this run ends, whichever way.
     let _writable = writable(opts);
@@ -219,10 +213,17 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
 
     // The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
     // packet carries the OVF's HostName, nothing before it needs the OVF.
-    let t = Instant::now();
+    let timings = &mut s.timings_ms;
     let (ovf, net_start) = std::thread::scope(|sc| {
-        // a panic in the media thread (a bug) is caught by its join, as `guarded` does
-        let media = sc.spawn(|| read_media(opts, deadline.min(opts.timeout / MEDIA_SHARE)));
+        let media_ms = &mut timings.media;
+        let media = sc.spawn(|| {
+            let dl = deadline.min(opts.timeout / MEDIA_SHARE);
+            Stage::start("media").recoverable().run(
+                media_ms,
+                || read_media(opts, dl),
+                describe_media,
+            )
+        });
         // an SELinux root's file contexts (thousands of lines) are read while the network
         // comes up, not when the first write needs them
         sc.spawn(|| root.labels().is_some());
@@ -233,117 +234,101 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
                 "panic while reading the provisioning media",
             ))
         });
-        s.timings_ms.media = ms(t.elapsed());
         (ovf, net_start)
     });
-    let ms_media = s.timings_ms.media;
-    match &ovf {
-        Ok(Some(o)) => log::info!(
-            "media: {ms_media} ms: ovf-env.xml for {} / {}",
-            o.hostname,
-            o.username.as_deref().unwrap_or("(from IMDS)")
-        ),
-        Ok(None) => log::info!("media: {ms_media} ms: no provisioning media; IMDS only"),
-        Err(f) => log::warn!("media: {ms_media} ms: {f}"),
-    }
     let ovf_env = ovf.as_ref().ok().and_then(Option::as_ref);
-    // The password's SHA-512 crypt, 33 ms of CPU under QEMU TCG, is made while DHCP and IMDS
-    // are waited for; merge takes the password from the OVF only.
+    // The password's SHA-512 crypt (tens of ms of CPU under emulation) is made while DHCP and
+    // IMDS are waited for; merge takes the password from the OVF only.
     let hashing = ovf_env
         .and_then(|o| o.password.clone())
         .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)));
     let ovf_hostname = ovf_env.map(|o| o.hostname.clone());
 
-    let network = network(opts, net_start, ovf_hostname.as_deref());
-    // from the link-up, which began with the media read
-    s.timings_ms.dhcp = ms(t.elapsed());
+    let network = network(
+        opts.wireserver,
+        net_start,
+        ovf_hostname.as_deref(),
+        &mut s.timings_ms.dhcp,
+    );
     let client = Client::new();
     let ws = WireServer {
         client: &client,
-        addr: wireserver_addr(opts, &network),
+        addr: wireserver_addr(opts.wireserver, &network),
     };
 
-    let data = match &network {
-        Err(f) => Err(f.clone()),
-        Ok(_) => {
-            let t = Instant::now();
-            let imds = guarded("fetching IMDS", || metadata(opts, &ws, deadline));
-            s.timings_ms.imds = ms(t.elapsed());
-            match &imds {
-                Ok(m) => log::info!(
-                    "imds: {} ms: vmId {}, {} key(s)",
-                    s.timings_ms.imds,
-                    m.vm_id,
-                    m.ssh_keys.len()
-                ),
-                Err(f) => log::warn!("imds: {} ms: {f}", s.timings_ms.imds),
-            }
-            guarded("merging the metadata", || merge(&ovf, &imds))
-        }
-    };
-
-    let t = Instant::now();
-    // A bug in the writes must still reach Azure as a reason while the network is up: the
-    // panic is caught here, and the report below says "internal error".
-    let written = data.and_then(|data| {
-        s.describe(&data);
-        // never into the directory a filesystem will be mounted over
-        if let Some(f) = mount_failure {
-            return Err(f);
-        }
-        log::info!("hostname {} from {}", data.hostname.0, data.hostname.1);
-        let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
-        let hash = hashing.map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(sysroot::WriteError::Corrupt("crypt panicked".into())))
-        });
-        // what the state says once the marker is on disk, until the report's outcome replaces it
-        let owed = State {
-            hostname: s.hostname.clone(),
-            username: s.username.clone(),
-            user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
-            host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
-            host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
-            ..State::default()
-        };
-        guarded("writing", || {
-            super::write::write_all(&root, &data, hash, &vm_id, &owed)
-        })
+    let data = network.as_ref().map_err(Clone::clone).and_then(|_| {
+        let imds = Stage::start("imds").recoverable().run(
+            &mut s.timings_ms.imds,
+            || metadata(&opts.imds, &ws, deadline),
+            |m| format!("vmId {}, {} key(s)", m.vm_id, m.ssh_keys.len()),
+        );
+        let mut merge_ms = 0;
+        Stage::start("merge").run(
+            &mut merge_ms,
+            || merge(&ovf, &imds),
+            |d| format!("hostname {} from {}", d.hostname.0, d.hostname.1),
+        )
     });
+
+    // A bug in the writes must still reach Azure as a reason while the network is up: the
+    // stage catches the panic, and the report says "internal error".
+    let written = match data {
+        Err(f) => Err(f),
+        Ok(data) => {
+            s.describe(&data);
+            let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
+            // what the state says once the marker is on disk, until the report's outcome
+            // replaces it
+            let owed = State {
+                hostname: s.hostname.clone(),
+                username: s.username.clone(),
+                user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
+                host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
+                host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
+                ..State::default()
+            };
+            let write = || {
+                // never into the directory a filesystem will be mounted over
+                if let Some(f) = mount_failure {
+                    return Err(f);
+                }
+                let hash = hashing.map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(sysroot::WriteError::Corrupt("crypt panicked".into()))
+                    })
+                });
+                super::write::write_all(root, &data, hash, &vm_id, &owed)
+            };
+            Stage::start("write").run(&mut s.timings_ms.write, write, |_| {
+                format!("{} provisioned", opts.root.display())
+            })
+        }
+    };
     let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
-    s.timings_ms.write = ms(t.elapsed());
-    // Each failure is logged once: the DHCP stage logged its own; this is the line for a
-    // merge or write failure.
-    match &written {
-        Ok(_) => log::info!(
-            "write: {} ms: {} provisioned",
-            s.timings_ms.write,
-            opts.root.display()
-        ),
-        Err(f) if network.is_ok() => log::error!("provisioning failed: {f}"),
-        Err(_) => {}
-    }
-
-    let t = Instant::now();
-    let report_deadline = report_deadline(&network, deadline);
     let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
-    let acked = report(&ws, &outcome, &mut s, report_deadline);
-    let reported_at = acked.then(crate::time::now_rfc3339);
-    s.timings_ms.report = ms(t.elapsed());
+    let acked = report(
+        &ws,
+        &outcome,
+        s.vm_id.as_deref(),
+        report_deadline(&network, deadline),
+        &mut s.timings_ms.report,
+    );
+    record_report(&mut s, &outcome, &acked);
+    let reported_at = acked.is_ok().then(crate::time::now_rfc3339);
 
-    release_network(opts, network);
+    release_network(opts.keep_network, network);
     if let Some(k) = keygen {
-        install_host_keys(&root, k.join(), &mut s);
+        install_host_keys(root, k.join(), &mut s);
     }
     s.timings_ms.total = ms(t0.elapsed());
     log::info!("total: {} ms", s.timings_ms.total);
     let state = State {
         vm_id: s.vm_id.clone(),
         provisioned_at,
-        report: Some(match (acked, &written) {
-            (false, _) => Acked::Pending,
-            (true, Ok(_)) => Acked::Ready,
-            (true, Err(_)) => Acked::Failure,
+        report: Some(match (&acked, &written) {
+            (Err(_), _) => Acked::Pending,
+            (Ok(_), Ok(_)) => Acked::Ready,
+            (Ok(_), Err(_)) => Acked::Failure,
         }),
         reported_at,
         reason: s.reason.map(|r| r.as_str().to_string()),
@@ -356,7 +341,7 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
         host_keys: s.host_keys.clone(),
         timings_ms: s.timings_ms,
     };
-    if let Err(e) = state.save(&root) {
+    if let Err(e) = state.save(root) {
         log::warn!("cannot write the state: {e}");
     }
     let saved = root
@@ -368,21 +353,22 @@ pub fn provision_with(opts: &Options, mut keygen: Option<Keygen>) -> Summary {
     s
 }
 
-/// A stage whose panic (a bug, most likely in a parser fed hostile input) must still reach
-/// Azure as NotReady "internal error" while the network is up, rather than end the run.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        Err(Failure::new(
-            Reason::Internal,
-            format!("panic while {what}"),
-        ))
-    })
+/// The media stage's line: what the OVF names, or that there was none.
+fn describe_media(ovf: &Option<OvfEnv>) -> String {
+    match ovf {
+        Some(o) => format!(
+            "ovf-env.xml for {} / {}",
+            o.hostname,
+            o.username.as_deref().unwrap_or("(from IMDS)")
+        ),
+        None => "no provisioning media; IMDS only".into(),
+    }
 }
 
-/// IMDS, beside a first goal-state fetch that checks the WireServer early (the report fetches
-/// the goal state again right before posting). The probe runs on a thread of its own and is
-/// never waited for: the IMDS result is used as soon as it arrives.
-fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
+/// IMDS at `url`, beside a first goal-state fetch that checks the WireServer early (the report
+/// fetches the goal state again right before posting). The probe runs on a thread of its own
+/// and is never waited for: the IMDS result is used as soon as it arrives.
+fn metadata(url: &str, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
     let dl = deadline.min(deadline.remaining() * IMDS_SHARE.0 / IMDS_SHARE.1);
     let (tx, rx) = std::sync::mpsc::channel();
     let addr = ws.addr;
@@ -395,7 +381,7 @@ fn metadata(opts: &Options, ws: &WireServer, deadline: Deadline) -> Result<imds:
         };
         let _ = tx.send(probe.fetch_goal_state(probe_dl));
     });
-    let m = imds::fetch(ws.client, &opts.imds, dl);
+    let m = imds::fetch(ws.client, url, dl);
     match rx.try_recv() {
         Ok(Ok(g)) => log::info!(
             "wireserver {}: goal state incarnation {}",

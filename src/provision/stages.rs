@@ -37,8 +37,63 @@ pub(super) fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-/// Hook mode (`opts.remount`): the root as the framework mounted it, made writable when it
-/// is read-only, until the guard drops. A failure is logged; the writes then fail and are
+/// One named stage of the run. [`Stage::run`] times it, records its milliseconds, turns its
+/// panic (a bug, most likely in a parser fed hostile input) into NotReady "internal error"
+/// while the network is still up, and logs its one line: `NAME: MS ms: what it found`, or its
+/// failure.
+pub(super) struct Stage {
+    name: &'static str,
+    start: Instant,
+    /// A failure the run goes on from (no media, no IMDS) is a warning, others errors.
+    failure_level: log::Level,
+}
+
+impl Stage {
+    pub(super) fn start(name: &'static str) -> Self {
+        Self::since(name, Instant::now())
+    }
+
+    /// A stage whose time counts from `start` (DHCP from the link-up, begun with the media).
+    pub(super) fn since(name: &'static str, start: Instant) -> Self {
+        Stage {
+            name,
+            start,
+            failure_level: log::Level::Error,
+        }
+    }
+
+    /// Its failure is logged as a warning: the run goes on without what it did not find.
+    pub(super) fn recoverable(mut self) -> Self {
+        self.failure_level = log::Level::Warn;
+        self
+    }
+
+    /// Runs `f`, stores its duration in `slot`, logs `found` of its result or its failure.
+    pub(super) fn run<T>(
+        self,
+        slot: &mut u64,
+        f: impl FnOnce() -> Result<T, Failure>,
+        found: impl FnOnce(&T) -> String,
+    ) -> Result<T, Failure> {
+        let name = self.name;
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+                Err(Failure::new(
+                    Reason::Internal,
+                    format!("panic in the {name} stage"),
+                ))
+            });
+        *slot = ms(self.start.elapsed());
+        match &result {
+            Ok(v) => log::info!("{name}: {} ms: {}", *slot, found(v)),
+            Err(e) => log::log!(self.failure_level, "{name}: {} ms: {e}", *slot),
+        }
+        result
+    }
+}
+
+/// Hook mode (`Options::remount`): the root as the framework mounted it, made writable when
+/// it is read-only, until the guard drops. A failure is logged; the writes then fail and are
 /// reported with their reason.
 pub(super) fn writable(opts: &Options) -> Option<crate::sys::mount::Writable> {
     if !opts.remount {
@@ -61,31 +116,31 @@ pub(super) fn writable(opts: &Options) -> Option<crate::sys::mount::Writable> {
     }
 }
 
-/// `--wireserver`, else the lease's option 245, else 168.63.129.16; port 80.
+/// `--wireserver` (`flag`), else the lease's option 245, else 168.63.129.16; port 80.
 pub(super) fn wireserver_addr(
-    opts: &Options,
+    flag: Option<SocketAddr>,
     network: &Result<Option<Applied>, Failure>,
 ) -> SocketAddr {
     let lease_ws = match network {
         Ok(Some(applied)) => applied.lease().wireserver,
         _ => None,
     };
-    opts.wireserver
-        .unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
+    flag.unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
 }
 
-/// Picks the NIC, brings its link up, waits for carrier, opens the socket; sends nothing. None
-/// with `--no-dhcp`.
+/// Picks the NIC (`iface`, else the first that is not loopback), brings its link up, waits
+/// for carrier, opens the socket; sends nothing. None with `--no-dhcp`.
 pub(super) fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetStart> {
+    let (sys, iface, modules) = (&opts.sys, opts.iface.as_deref(), &opts.modules);
     if !opts.dhcp {
         return None;
     }
     // PID 1: the NIC's driver may be among the last to load
-    opts.modules.wait();
+    modules.wait();
     let t = Instant::now();
     let left = deadline.remaining();
     let deadline = deadline.min((left / DHCP_SHARE).max(left.saturating_sub(DHCP_RESERVE)));
-    let prepared = dhclient::prepare(&opts.sys.join("class/net"), opts.iface.as_deref(), deadline);
+    let prepared = dhclient::prepare(&sys.join("class/net"), iface, deadline);
     Some(NetStart {
         t,
         deadline,
@@ -93,12 +148,14 @@ pub(super) fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetS
     })
 }
 
-/// DHCP on the prepared NIC, sending the OVF HostName as option 12 (Azure DNS registers the
-/// name the client sends), and the lease configured; Ok(None) with `--no-dhcp`.
+/// The DHCP stage: the prepared NIC's lease, sending the OVF HostName as option 12 (Azure
+/// DNS registers the name the client sends), configured; Ok(None) with `--no-dhcp`. Timed
+/// from the link-up, which began with the media read. `flag` is `--wireserver`, for the log.
 pub(super) fn network(
-    opts: &Options,
+    flag: Option<SocketAddr>,
     start: Option<NetStart>,
     hostname: Option<&str>,
+    slot: &mut u64,
 ) -> Result<Option<Applied>, Failure> {
     let Some(NetStart {
         t,
@@ -109,84 +166,93 @@ pub(super) fn network(
         log::info!("dhcp: skipped (--no-dhcp)");
         return Ok(None);
     };
-    match prepared.and_then(|p| p.bring_up(hostname, deadline)) {
-        Ok((nic, applied)) => {
-            let l = applied.lease();
-            let ws = match (opts.wireserver, l.wireserver) {
-                (Some(w), _) => format!("{w} (--wireserver)"),
-                (None, Some(w)) => w.to_string(),
-                (None, None) => format!("(none, using {})", wireserver::DEFAULT_ADDR),
-            };
-            log::info!(
-                "dhcp: {} ms: {} {}/{} from {}, wireserver {ws}",
-                ms(t.elapsed()),
-                nic.name,
-                l.address,
-                l.prefix_len,
-                l.server_id
-            );
-            Ok(Some(applied))
-        }
-        Err(e) => {
-            log::error!("dhcp: {} ms: {e}", ms(t.elapsed()));
-            let reason = match e {
-                _ if e.no_interface() => Reason::NoDhcpInterface,
-                DhcpError::Apply(_) => Reason::NetworkConfig,
-                _ => Reason::DhcpLease,
-            };
-            Err(Failure::new(reason, e))
-        }
-    }
+    let bring_up = || {
+        prepared
+            .and_then(|p| p.bring_up(hostname, deadline))
+            .map_err(|e| {
+                let reason = match e {
+                    _ if e.no_interface() => Reason::NoDhcpInterface,
+                    DhcpError::Apply(_) => Reason::NetworkConfig,
+                    _ => Reason::DhcpLease,
+                };
+                Failure::new(reason, e)
+            })
+    };
+    let found = |(nic, applied): &(crate::net::link::Nic, Applied)| {
+        let l = applied.lease();
+        let ws = match (flag, l.wireserver) {
+            (Some(w), _) => format!("{w} (--wireserver)"),
+            (None, Some(w)) => w.to_string(),
+            (None, None) => format!("(none, using {})", wireserver::DEFAULT_ADDR),
+        };
+        format!(
+            "{} {}/{} from {}, wireserver {ws}",
+            nic.name, l.address, l.prefix_len, l.server_id
+        )
+    };
+    Stage::since("dhcp", t)
+        .run(slot, bring_up, found)
+        .map(|(_, applied)| Some(applied))
 }
 
-/// Ready, or NotReady with the failure's reason; a fresh goal state before each POST. True
-/// when the WireServer acknowledged the report.
+/// The report stage: Ready, or NotReady with the failure's reason and cause; a fresh goal
+/// state before each POST. Ok when the WireServer acknowledged it.
 pub(super) fn report(
     ws: &WireServer,
     written: &Result<(), Failure>,
-    s: &mut Summary,
+    vm_id: Option<&str>,
     deadline: Deadline,
-) -> bool {
-    let t = Instant::now();
+    slot: &mut u64,
+) -> Result<wireserver::Reported, Failure> {
     let health = match written {
         Ok(()) => Health::Ready,
-        Err(f) => {
-            s.reason = Some(f.reason);
-            let vm_id = s.vm_id.as_deref().unwrap_or("unknown");
-            let description =
-                wireserver::failure_description(f, vm_id, &crate::time::now_rfc3339());
-            Health::Failed { description }
-        }
+        Err(f) => Health::Failed {
+            description: wireserver::failure_description(
+                f,
+                vm_id.unwrap_or("unknown"),
+                &crate::time::now_rfc3339(),
+            ),
+        },
     };
     let dl = if deadline.expired() {
         Deadline::after(REPORT_GRACE)
     } else {
         deadline
     };
-    match ws.report(&health, dl) {
-        Ok(r) => {
-            s.report = if written.is_ok() {
-                Report::Ready
-            } else {
-                Report::Failure
-            };
-            log::info!(
-                "report: {} ms: {} to {} (incarnation {}, {} POST(s))",
-                ms(t.elapsed()),
-                if written.is_ok() { "Ready" } else { "NotReady" },
-                ws.addr,
-                r.incarnation,
-                r.posts
-            );
-            true
-        }
-        Err(e) => {
-            s.report = Report::Failure;
-            s.reason.get_or_insert(Reason::ReportFailed);
-            log::error!("report: {} ms: {e}", ms(t.elapsed()));
-            false
-        }
+    let post = || {
+        ws.report(&health, dl)
+            .map_err(|e| Failure::new(Reason::ReportFailed, e))
+    };
+    let found = |r: &wireserver::Reported| {
+        format!(
+            "{} to {} (incarnation {}, {} POST(s))",
+            if written.is_ok() { "Ready" } else { "NotReady" },
+            ws.addr,
+            r.incarnation,
+            r.posts
+        )
+    };
+    Stage::start("report").run(slot, post, found)
+}
+
+/// What the summary says once the report stage ended: Ready or Failure, and the reason Azure
+/// was given (the write's), or why the report itself failed.
+pub(super) fn record_report(
+    s: &mut Summary,
+    written: &Result<(), Failure>,
+    acked: &Result<wireserver::Reported, Failure>,
+) {
+    if let Err(f) = written {
+        s.reason = Some(f.reason);
     }
+    s.report = match (written, acked) {
+        (Ok(()), Ok(_)) => Report::Ready,
+        (_, Err(f)) => {
+            s.reason.get_or_insert(f.reason);
+            Report::Failure
+        }
+        (Err(_), Ok(_)) => Report::Failure,
+    };
 }
 
 /// Writes freshly made host keys into the root and shows their fingerprints on the console
@@ -234,10 +300,10 @@ pub(super) fn install_host_keys(
 }
 
 /// After the report: the lease torn down (routes, address, MTU, link state as they were), or
-/// left configured with `azprov.keepnet`.
-pub(super) fn release_network(opts: &Options, network: Result<Option<Applied>, Failure>) {
+/// left configured with `azprov.keepnet` (`keep`).
+pub(super) fn release_network(keep: bool, network: Result<Option<Applied>, Failure>) {
     if let Ok(Some(applied)) = network {
-        if opts.keep_network {
+        if keep {
             applied.keep();
         } else if let Err(e) = applied.teardown() {
             log::warn!("teardown: {e}");

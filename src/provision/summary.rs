@@ -47,6 +47,22 @@ impl Summary {
 }
 
 impl Summary {
+    /// A run's summary before its first stage: only the VM id DMI gave, nothing reported yet.
+    pub(super) fn new(vm_id: Option<String>) -> Self {
+        Summary {
+            vm_id,
+            hostname: None,
+            username: None,
+            ssh_keys: 0,
+            custom_data: false,
+            user_data: false,
+            report: Report::Failure,
+            reason: None,
+            host_keys: Vec::new(),
+            timings_ms: Timings::default(),
+        }
+    }
+
     /// Fills in what the summary says about the data about to be written.
     pub(super) fn describe(&mut self, d: &ProvisioningData) {
         self.vm_id = self.vm_id.take().or_else(|| d.vm_id.clone());

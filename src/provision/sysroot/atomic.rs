@@ -2,7 +2,7 @@
 //! set, made durable, renamed into place, the directory synced; in a batch every temporary,
 //! one syncfs, the renames, one syncfs ([`Sysroot::batch`]).
 
-use super::{io_err, label, Sysroot, WriteError};
+use super::{io_err, label, Owners, Sysroot, WriteError};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -119,14 +119,21 @@ impl Sysroot {
     ) -> Result<(), WriteError> {
         let label = self.label_for(p, libc::S_IFREG);
         if !self.batched() {
-            let tmp = write_temp(p, data, mode, owner, true, label.as_deref())?;
+            let tmp = write_temp(p, data, mode, (&self.owners, owner), true, label.as_deref())?;
             fs::rename(&tmp, p).map_err(|e| {
                 let _ = fs::remove_file(&tmp);
                 io_err("rename", p)(e)
             })?;
             return self.sync_dir_unless_batched(parent(p)?);
         }
-        let tmp = write_temp(p, data, mode, owner, false, label.as_deref())?;
+        let tmp = write_temp(
+            p,
+            data,
+            mode,
+            (&self.owners, owner),
+            false,
+            label.as_deref(),
+        )?;
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match pending.as_mut() {
             // written twice in one batch: the one temporary holds the last contents
@@ -211,7 +218,7 @@ pub(super) fn write_temp(
     p: &Path,
     data: &[u8],
     mode: u32,
-    owner: (u32, u32),
+    (owners, owner): (&Owners, (u32, u32)),
     durable: bool,
     label: Option<&[u8]>,
 ) -> Result<PathBuf, WriteError> {
@@ -233,8 +240,7 @@ pub(super) fn write_temp(
         f.write_all(data).map_err(io_err("write", &tmp))?;
         f.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &tmp))?;
-        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))
-            .map_err(io_err("chown", &tmp))?;
+        owners.set(p, Some(&f), owner)?;
         if let Some(label) = label {
             label::set(&tmp, label)?;
         }

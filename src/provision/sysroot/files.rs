@@ -90,8 +90,7 @@ impl Sysroot {
         self.mkdir(&ssh_dir, 0o700, owner)?;
         fs::set_permissions(&resolved, fs::Permissions::from_mode(0o700))
             .map_err(io_err("chmod", &resolved))?;
-        std::os::unix::fs::lchown(&resolved, Some(owner.0), Some(owner.1))
-            .map_err(io_err("chown", &resolved))?;
+        self.owners.set(&resolved, None, owner)?;
         // The metadata's own paths first: one that cannot be written safely (a symlink, a
         // path leading out of the home) hands its keys to the default file instead of failing
         // the whole run, so the user can still log in.
@@ -241,7 +240,7 @@ impl Sysroot {
             Ok(md) if md.mode() & 0o7777 != 0o700 || md.uid() != 0 => {
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
                     .map_err(io_err("chmod", &dir))?;
-                std::os::unix::fs::lchown(&dir, Some(0), Some(0)).map_err(io_err("chown", &dir))?;
+                self.owners.set(&dir, None, (0, 0))?;
             }
             _ => {}
         }

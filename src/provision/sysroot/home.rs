@@ -2,7 +2,7 @@
 //! place, each file labelled as it will be called; an existing one of another uid taken over.
 
 use super::accounts::{Account, Table};
-use super::{io_err, write_temp, Sysroot, WriteError};
+use super::{io_err, write_temp, Owners, Sysroot, WriteError};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -38,7 +38,7 @@ impl Sysroot {
             account.home,
             md.uid()
         );
-        chown_tree(&home, (account.uid, account.gid))
+        chown_tree(&self.owners, &home, (account.uid, account.gid))
     }
 
     /// A new home (0750, the user's) filled from /etc/skel under a temporary name beside it,
@@ -104,14 +104,20 @@ impl Sysroot {
                 let data = fs::read(&src).map_err(io_err("read", &src))?;
                 let label = self.label_for(&final_dst, libc::S_IFREG);
                 let mode = md.mode() & 0o7777;
-                let tmp = write_temp(&dst, &data, mode, owner, durable, label.as_deref())?;
+                let tmp = write_temp(
+                    &dst,
+                    &data,
+                    mode,
+                    (&self.owners, owner),
+                    durable,
+                    label.as_deref(),
+                )?;
                 fs::rename(&tmp, &dst).map_err(io_err("rename", &dst))?;
                 continue;
             } else {
                 continue;
             }
-            std::os::unix::fs::lchown(&dst, Some(owner.0), Some(owner.1))
-                .map_err(io_err("chown", &dst))?;
+            self.owners.set(&dst, None, owner)?;
             if md.is_dir() {
                 self.copy_tree(&src, &dst, &final_dst, owner, durable)?;
             }
@@ -124,13 +130,13 @@ impl Sysroot {
 }
 
 /// `path` and everything below it (symlinks themselves, never their targets) given to `owner`.
-fn chown_tree(path: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
-    std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1)).map_err(io_err("chown", path))?;
+fn chown_tree(owners: &Owners, path: &Path, owner: (u32, u32)) -> Result<(), WriteError> {
+    owners.set(path, None, owner)?;
     let md = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
     if md.is_dir() {
         for entry in fs::read_dir(path).map_err(io_err("read", path))? {
             let entry = entry.map_err(io_err("read", path))?;
-            chown_tree(&entry.path(), owner)?;
+            chown_tree(owners, &entry.path(), owner)?;
         }
     }
     Ok(())

@@ -11,9 +11,11 @@ mod files;
 mod home;
 pub mod includes;
 pub mod label;
+mod owners;
 
 pub use accounts::{hash_password, Account};
 pub use files::SSHD_CONFIG;
+pub use owners::Owners;
 
 use atomic::{sync_dir, write_temp};
 
@@ -124,6 +126,8 @@ pub struct Sysroot {
     labels: OnceLock<Option<label::Labels>>,
     /// The run's deadline, when there is one: no wait inside a write outlasts it.
     deadline: OnceLock<crate::deadline::Deadline>,
+    /// Whether owners are set or only recorded ([`Owners`]).
+    owners: Owners,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
@@ -136,8 +140,14 @@ pub struct Sysroot {
 
 impl Sysroot {
     pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self::with_owners(root, Owners::Apply)
+    }
+
+    /// A root whose writes follow `owners`: [`Owners::recording`] runs without root.
+    pub fn with_owners(root: impl Into<PathBuf>, owners: Owners) -> Self {
         Sysroot {
             root: root.into(),
+            owners,
             pending: Mutex::new(None),
             labels: OnceLock::new(),
             deadline: OnceLock::new(),
@@ -170,6 +180,11 @@ impl Sysroot {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The ownership policy: what a recording policy was asked, for tests.
+    pub fn owners(&self) -> &Owners {
+        &self.owners
     }
 
     /// Bounds every wait a write makes (the account files' lock) by the run's deadline.
@@ -313,7 +328,7 @@ impl Sysroot {
             r => r.map_err(io_err("mkdir", &p))?,
         }
         fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))?;
-        std::os::unix::fs::lchown(&p, Some(owner.0), Some(owner.1)).map_err(io_err("chown", &p))?;
+        self.owners.set(&p, None, owner)?;
         self.label(&p, libc::S_IFDIR)?;
         Ok(p)
     }
