@@ -23,6 +23,8 @@ const CMDLINE_DEFAULTS: &str = "/etc/azprov/cmdline";
 const INIT_CANDIDATES: [&str; 4] = ["/sbin/init", "/etc/init", "/bin/init", "/bin/sh"];
 /// How long to wait for the root device without `rootdelay=`.
 const ROOT_WAIT_DEFAULT: Duration = Duration::from_secs(60);
+/// With `rootwait` (no bound), how often the wait is said on the console.
+const ROOT_WAIT_NOTICE: Duration = Duration::from_secs(30);
 /// How often the root device scan runs while waiting.
 const ROOT_POLL: Duration = Duration::from_millis(50);
 /// Filesystems tried, in order, when neither `rootfstype=` nor the superblock names one.
@@ -316,21 +318,43 @@ fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> 
     crate::provision::fstab::find(spec, Path::new("/sys/class/block"), Path::new("/dev"))
 }
 
-/// Waits for the root device (bounded), mounts it read-write at /sysroot. Returns the device.
+/// How long to wait for the root device: `rootdelay=`, else without bound with `rootwait` (as
+/// the kernel does), else [`ROOT_WAIT_DEFAULT`]. None: no bound.
+fn root_wait(cfg: &Config) -> Option<Duration> {
+    match (cfg.rootdelay, cfg.rootwait) {
+        (Some(d), _) => Some(d),
+        (None, true) => None,
+        (None, false) => Some(ROOT_WAIT_DEFAULT),
+    }
+}
+
+/// Waits for the root device (bounded unless `rootwait`), mounts it read-write at /sysroot.
+/// Returns the device.
 fn mount_root(cfg: &Config, modules: &Modules) -> Result<PathBuf, BootError> {
     let spec = cfg.root.as_ref().ok_or(BootError::NoRootParam)?;
     let t = Instant::now();
-    let bound = cfg.rootdelay.unwrap_or(ROOT_WAIT_DEFAULT);
-    let deadline = crate::deadline::Deadline::after(bound);
+    let bound = root_wait(cfg);
+    let deadline = bound.map(crate::deadline::Deadline::after);
+    let mut told = Instant::now();
     let (dev, probed) = loop {
         if let Some(found) = find_root_device(spec) {
             break found;
         }
-        if !deadline.sleep(ROOT_POLL) {
-            return Err(BootError::RootTimeout {
-                spec: spec.clone(),
-                waited: bound,
-            });
+        match (deadline, bound) {
+            (Some(d), Some(waited)) if !d.sleep(ROOT_POLL) => {
+                return Err(BootError::RootTimeout {
+                    spec: spec.clone(),
+                    waited,
+                })
+            }
+            (Some(_), _) => {}
+            (None, _) => {
+                std::thread::sleep(ROOT_POLL);
+                if told.elapsed() >= ROOT_WAIT_NOTICE {
+                    log::warn!("rootwait: still waiting for the root device {spec}");
+                    told = Instant::now();
+                }
+            }
         }
     };
     let _ = fs::create_dir_all(SYSROOT);
@@ -430,6 +454,17 @@ pub fn fail_forever(reason: &dyn std::fmt::Display, onfail: OnFail) -> ! {
 mod tests {
     use super::*;
     use crate::sys::kernel::fake::Recorder;
+
+    #[test]
+    fn rootdelay_bounds_the_root_wait_and_rootwait_alone_lifts_the_bound() {
+        let wait = |line: &str| root_wait(&crate::config::load(None, line).0);
+        assert_eq!(wait("root=/dev/vda1"), Some(ROOT_WAIT_DEFAULT));
+        assert_eq!(wait("root=/dev/vda1 rootwait"), None);
+        assert_eq!(
+            wait("root=/dev/vda1 rootwait rootdelay=7"),
+            Some(Duration::from_secs(7))
+        );
+    }
 
     #[test]
     fn the_early_filesystems_mount_in_order_and_a_mounted_one_is_fine() {

@@ -279,3 +279,25 @@ fn version() {
         format!("azprov {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// README's synopsis is the binary's usage text, word for word.
+#[test]
+fn the_readme_synopsis_is_the_usage_text() {
+    let o = std::process::Command::new(common::bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let usage = String::from_utf8(o.stdout).unwrap();
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+    let block = readme
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("README.md has a ```text block with the synopsis");
+    assert_eq!(
+        block.trim_end(),
+        usage.trim_end(),
+        "README.md's synopsis differs from `azprov --help`"
+    );
+}

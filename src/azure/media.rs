@@ -147,7 +147,7 @@ impl Drop for Mounted {
 /// Whether the disc's volume recognition sequence (ECMA-167: 2 KiB descriptors from sector
 /// 16, after any iso9660 ones) names UDF (`NSR02`, `NSR03`); None when it cannot be read. One
 /// 32 KiB read: the kernel's own check reads the sectors one at a time, so udf is then mounted
-/// with `novrs` (gen1 media stage 131 → 80 ms under QEMU TCG, 6 boots each).
+/// with `novrs`.
 pub fn has_udf(device: &Path) -> Option<bool> {
     use std::os::unix::fs::FileExt;
     let mut vrs = vec![0u8; 16 * 2048];

@@ -201,7 +201,7 @@ impl Prepared {
                     if client.naks > 0 {
                         log::info!("dhcp: bound after {} NAK(s)", client.naks);
                     }
-                    // closing an AF_PACKET socket waits for an RCU grace period (4–20 ms): off
+                    // closing an AF_PACKET socket waits for an RCU grace period: off
                     // the path to Ready
                     std::thread::spawn(move || drop(sock));
                     return Ok((nic, up, lease));

@@ -42,7 +42,7 @@ impl PacketSocket {
     pub fn open(ifindex: i32) -> Result<Self, Errno> {
         // Protocol 0 here and ETH_P_IP only in bind()'s address: a protocol given to
         // socket() registers the socket's packet hook at once, and bind() re-registering it
-        // waits for an RCU grace period (5–24 ms measured).
+        // waits for an RCU grace period (docs/performance.md).
         let fd = socket(
             AddressFamily::Packet,
             SockType::Datagram,

@@ -7,9 +7,8 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 /// How many finit_module calls run at once: one more than the CPUs, 2 to 4. A probe mostly
-/// waits on the (virtual) hardware, so even one CPU gains from a second: under QEMU TCG with
-/// one CPU the gen1 module stage took 833 ms serially, 584–608 ms with 2 threads, 643–671 ms
-/// with 4 and 666–670 ms with 8 (the probes then compete for the one CPU).
+/// waits on the (virtual) hardware, so even one CPU gains from a second; more than that only
+/// compete for the CPU (docs/performance.md).
 fn threads() -> usize {
     let cpus = crate::sys::cpus();
     (cpus + 1).clamp(2, 4)

@@ -2,8 +2,8 @@
 //! alias`, load order), loaded with finit_module on a few threads at once, each module once its
 //! dependencies are in. Filesystem modules that a boot may not need, and the dependencies only
 //! they need, are deferred until a filesystem of theirs is to be mounted: the root's (xfs,
-//! btrfs, ext4 when modular; under QEMU TCG xfs, btrfs and raid6_pq's self-benchmark cost 1.2 s
-//! of a 2.1 s module stage, and a root needs at most one of them) and iso9660 (isofs), which
+//! btrfs, ext4 when modular: xfs, btrfs and raid6_pq's self-benchmark are most of an emulated
+//! module stage, and a root needs at most one of them) and iso9660 (isofs), which
 //! only a provisioning CD without UDF needs (Azure's is UDF; [`OnDemand`]). A `.ko.lz4` in the
 //! list (how mkinitramfs stores those) is decompressed ([`super::lz4`]) and loaded with
 //! init_module. Which listed drivers load at all is [`super::modalias`]'s call.

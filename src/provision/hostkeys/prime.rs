@@ -12,9 +12,8 @@ use num_bigint_dig::BigUint;
 use rand_core::RngCore;
 use rsa::RsaPrivateKey;
 
-/// The candidates carry no odd prime factor below this. Measured natively, 40 keys each: mean
-/// 525 ms for rsa's search, 347 ms below 4096, 349 ms below 8192, 368 ms below 16384 (each new
-/// candidate's residues cost more than the tests a larger sieve saves).
+/// The candidates carry no odd prime factor below this: past it each new candidate's residues
+/// cost more than the tests a larger sieve saves (docs/performance.md).
 const SIEVE_BELOW: u32 = 8192;
 /// 65537, as ssh-keygen and rsa use.
 const PUBLIC_EXPONENT: u32 = 65537;
