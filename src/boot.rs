@@ -184,9 +184,9 @@ pub fn main() -> ! {
 fn provision_root(opts: &Options, keygen: Option<Keygen>) {
     let run = std::panic::AssertUnwindSafe(|| provision_with(opts, keygen));
     match std::panic::catch_unwind(run) {
-        Ok(s) if s.report == Report::Failure => log::error!(
-            "provisioning failed ({}); booting the real root for debugging",
-            s.reason.map_or("unknown", |r| r.as_str())
+        Ok(s) if matches!(s.report, Report::Failure | Report::Pending) => log::error!(
+            "provisioning failed: {}; booting the real root for debugging",
+            s.cause.as_deref().unwrap_or("unknown")
         ),
         Ok(_) => {}
         Err(_) => log::error!("provisioning panicked; booting the real root"),

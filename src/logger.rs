@@ -81,7 +81,8 @@ impl Log for Logger {
             Level::Debug => "debug",
             Level::Trace => "trace",
         };
-        let line = format!("azprov: {level}: {}\n", r.args());
+        let msg = errno_names(&r.args().to_string());
+        let line = format!("azprov: {level}: {msg}\n");
         if let Ok(mut out) = self.out.lock() {
             match &mut *out {
                 Output::Stderr => {
@@ -91,11 +92,11 @@ impl Log for Logger {
                     let _ = f.write_all(line.as_bytes());
                 }
                 Output::Kmsg(f) => {
-                    let rec = format!("<{}>{IDENT}: {}\n", severity(r.level()), r.args());
+                    let rec = format!("<{}>{IDENT}: {msg}\n", severity(r.level()));
                     let _ = f.write_all(rec.as_bytes());
                 }
                 Output::Syslog(sock) => {
-                    let rec = syslog_record(r.level(), std::process::id(), &r.args().to_string());
+                    let rec = syslog_record(r.level(), std::process::id(), &msg);
                     let _ = sock.send(rec.as_bytes());
                 }
                 Output::Journal(console) => {
@@ -110,8 +111,12 @@ impl Log for Logger {
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
         if let Ok(mut sinks) = self.extra.lock() {
-            for s in sinks.iter_mut() {
-                let _ = s.write_all(line.as_bytes());
+            if !sinks.is_empty() {
+                // the log file: each line stamped
+                let stamped = format!("{} {line}", crate::time::log_stamp());
+                for s in sinks.iter_mut() {
+                    let _ = s.write_all(stamped.as_bytes());
+                }
             }
         }
     }
@@ -123,6 +128,32 @@ impl Log for Logger {
             }
         }
     }
+}
+
+/// `… (os error 2)` as `… (ENOENT)`: the errno's name, which a reader can search for.
+pub fn errno_names(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find("(os error ") {
+        let tail = &rest[i + "(os error ".len()..];
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        match (
+            tail[..digits].parse::<i32>(),
+            tail[digits..].starts_with(')'),
+        ) {
+            (Ok(n), true) => {
+                out.push_str(&rest[..i]);
+                out.push_str(&format!("({:?})", crate::sys::Errno::from_raw(n)));
+                rest = &tail[digits + 1..];
+            }
+            _ => {
+                out.push_str(&rest[..i + 1]);
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
@@ -343,6 +374,20 @@ impl Write for Capture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn os_error_numbers_become_errno_names() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(
+            errno_names(&format!("open /x: {e}")),
+            "open /x: No such file or directory (ENOENT)"
+        );
+        assert_eq!(
+            errno_names("(os error x) (os error 28)"),
+            "(os error x) (ENOSPC)"
+        );
+        assert_eq!(errno_names("plain"), "plain");
+    }
 
     #[test]
     fn syslog_records_carry_the_identifier_and_the_daemon_facility() {

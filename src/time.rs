@@ -55,6 +55,24 @@ pub fn now_rfc3339() -> String {
     rfc3339(SystemTime::now())
 }
 
+/// The stamp of a line in azprov's log file: RFC 3339 with milliseconds
+/// (`2026-11-30T15:19:55.123Z`) when the clock is set, else seconds since boot (`[5.123]`),
+/// as early in an initramfs without an RTC the wall clock may read 1970.
+pub fn log_stamp() -> String {
+    let now = SystemTime::now();
+    match now.duration_since(UNIX_EPOCH) {
+        // after 2020: a clock someone set
+        Ok(d) if d.as_secs() > 1_577_836_800 => {
+            let s = rfc3339(now);
+            format!("{}.{:03}Z", &s[..s.len() - 1], d.subsec_millis())
+        }
+        _ => {
+            let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+            format!("[{}]", up.split_whitespace().next().unwrap_or("?"))
+        }
+    }
+}
+
 /// Days since 1970-01-01 to (year, month, day); Howard Hinnant's `civil_from_days`.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;

@@ -111,15 +111,20 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
     assert_eq!(
         keys,
         [
+            "cause",
             "custom_data",
+            "hint",
             "host_keys",
             "hostname",
             "reason",
             "report",
+            "schema",
             "ssh_keys",
+            "stage",
             "timings_ms",
             "user_data",
             "username",
+            "version",
             "vm_id"
         ]
     );
@@ -605,6 +610,12 @@ fn off_azure_nothing_is_sent_unless_forced() {
         "no DHCP packet off Azure (took {took:?})"
     );
     assert!(!root.join("var/log/azprov.log").exists());
+    // a root without host keys (a cleaned image) gets them off Azure too: sshd needs them
+    for k in ["ed25519", "ecdsa", "rsa"] {
+        let key = root.join(format!("etc/ssh/ssh_host_{k}_key"));
+        assert!(key.exists(), "no {k} host key off Azure");
+    }
+    assert!(stderr(&o).contains("BEGIN SSH HOST KEY FINGERPRINTS"));
     // --force still provisions
     let a = args(&["--force"]);
     let o = net.azprov(&a.iter().map(String::as_str).collect::<Vec<_>>());
@@ -706,8 +717,10 @@ fn no_dhcp_server_fails_with_the_lease_reason_and_leaves_the_root_alone() {
     let root = net.seed_root();
     let (o, v) = provision(&net, &root, &["--timeout", "4"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert_eq!(v["report"], "failure");
+    // no lease, so no WireServer: Azure was told nothing
+    assert_eq!(v["report"], "pending");
     assert_eq!(v["reason"], "failure to obtain DHCP lease");
+    assert_eq!(v["stage"], "dhcp");
     assert!(
         stderr(&o).contains("failure to obtain DHCP lease on vm0"),
         "{}",
@@ -813,18 +826,28 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
     assert_eq!(
         keys,
         [
+            "cause",
+            "hint",
             "host_keys",
             "hostname",
+            "log",
             "provisioned",
             "provisioned_at",
             "reason",
             "report",
             "reported_at",
+            "schema",
+            "stage",
+            "state_unreadable",
+            "this_boot",
             "timings_ms",
             "username",
+            "version",
             "vm_id"
         ]
     );
+    assert_eq!(st["schema"], 1);
+    assert_eq!(st["schema"], v["schema"]);
     assert_eq!(st["provisioned"], true);
     assert_eq!(st["report"], "ready");
     assert_eq!(st["vm_id"], VM_ID);
@@ -1021,4 +1044,98 @@ fn a_run_killed_between_the_marker_and_the_report_has_its_ready_sent_by_the_next
     );
     assert!(o.status.success());
     assert_eq!(c["user"], "azureuser");
+}
+
+/// `status` tells the truth: this boot's outcome from /run's record (disabled and off Azure
+/// exit 0), the cause, stage and what to check of a failure, and, for a user who cannot read
+/// /var/lib/azprov, what the world-readable record says.
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn status_tells_the_truth_after_disabled_off_azure_failed_and_ready_runs() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-status", "azureuser"), json!([]), &[]);
+    let r = root.to_str().unwrap();
+    let run_dir = net.path("run-azprov");
+    let rd = run_dir.to_str().unwrap();
+    let status = |extra: &[&str]| {
+        let mut a = vec!["status", "--root", r, "--run-dir", rd];
+        a.extend(extra);
+        net.azprov(&a)
+    };
+    // azprov=0: nothing done, recorded, exit 0
+    let (o, v) = provision(
+        &net,
+        &root,
+        &[
+            "--run-dir",
+            rd,
+            "--cmdline",
+            &net.cmdline("root=/dev/sda1 azprov=0"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "disabled");
+    let o = status(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("this boot:      disabled on the kernel command line"),
+        "{out}"
+    );
+    assert!(out.contains("azprov:         "), "{out}");
+    // a failed run: the WireServer refuses, so Ready is pending; the cause, the stage and
+    // what to check are shown
+    let (o, v) = provision(
+        &net,
+        &root,
+        &["--run-dir", rd, "--wireserver", "127.0.0.1:9"],
+    );
+    assert!(!o.status.success());
+    assert_eq!(v["report"], "pending");
+    assert_eq!(v["reason"], "failed to report ready");
+    assert_eq!(v["stage"], "report");
+    assert!(v["cause"]
+        .as_str()
+        .unwrap()
+        .starts_with("failed to report ready: "));
+    let o = status(&["--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["this_boot"], "pending");
+    assert_eq!(st["report"], "pending");
+    assert_eq!(st["stage"], "report");
+    assert!(st["hint"].as_str().unwrap().contains("168.63.129.16"));
+    assert!(
+        !stderr(&o).contains("(os error"),
+        "errno numbers: {}",
+        stderr(&o)
+    );
+    let o = status(&[]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("what to check:  the WireServer"), "{out}");
+    assert!(out.contains("failed stage:   report"), "{out}");
+    // the next boot sends the owed Ready; now a user without sudo can tell it worked
+    let (o, v) = provision(&net, &root, &["--run-dir", rd]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready", "{v}");
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["status", "--root", r, "--run-dir", rd, "--json"])
+        .output()
+        .unwrap();
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(o.status.success(), "{st} {}", stderr(&o));
+    assert_eq!(st["provisioned"], true);
+    assert_eq!(st["this_boot"], "ready");
+    assert!(
+        st["state_unreadable"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{st}"
+    );
 }

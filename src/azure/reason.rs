@@ -96,6 +96,36 @@ reasons! {
         "`azprov report failure --reason TEXT`; the operator's text follows as detail=";
 }
 
+impl Reason {
+    /// The reason whose fixed string is `text` (the state file keeps the string).
+    pub fn from_text(text: &str) -> Option<Reason> {
+        Reason::ALL.iter().copied().find(|r| r.as_str() == text)
+    }
+
+    /// What to check first, one line: the log, `azprov status` and the troubleshooting table
+    /// of README.md show it. None where the reason says it all.
+    pub const fn hint(self) -> Option<&'static str> {
+        Some(match self {
+            Reason::NoDhcpInterface => "check that the initramfs has the NIC's driver (hv_netvsc on Azure) and that azprov.iface= names a NIC that exists",
+            Reason::DhcpLease => "check the NIC's link and driver; with Accelerated Networking the synthetic hv_netvsc NIC must be there beside the VF; a firewall in the initramfs must let DHCP (UDP 67/68) through",
+            Reason::NetworkConfig => "the kernel refused the lease's address, route or MTU: check azprov.log=debug for the rtnetlink error",
+            Reason::MediaRead => "check that the initramfs has the CD drivers and filesystems (sr_mod, cdrom, udf, isofs; ata_piix on Gen1)",
+            Reason::OvfRead | Reason::OvfParse => "validate the file with `azprov ovf FILE`",
+            Reason::PasswordLength => "choose an admin password of at most 72 characters",
+            Reason::ImdsTimeout | Reason::ImdsConnection | Reason::ImdsHttp => "IMDS (169.254.169.254) must be reachable directly: no proxy, and no firewall or route in the image that diverts link-local traffic",
+            Reason::ImdsParse => "IMDS answered with a document azprov cannot read: run `azprov imds --json` for the parse error",
+            Reason::NoProvisioningData => "neither the provisioning CD nor IMDS was readable: see the ovf= and imds= causes",
+            Reason::NoHostname | Reason::InvalidHostname => "set a valid computer name (letters, digits, hyphens; at most 64 characters) when creating the VM",
+            Reason::NoUsername | Reason::InvalidUsername => "choose an admin user name that is valid and not a system account of the image (root, daemon, …)",
+            Reason::MountFstab => "a filesystem in the image's /etc/fstab (e.g. /home or /var) was not found: activate its volume in the initramfs (dracut: rd.lvm.lv=VG/LV) or fix the fstab line",
+            Reason::WriteHostname | Reason::CreateUser | Reason::WriteKeys | Reason::WriteSudoers | Reason::WriteSshd | Reason::WriteCustomData | Reason::WriteUserData | Reason::WriteImds | Reason::WriteMarker => "check the path and errno in the cause: a read-only or full root filesystem, or a file the image made immutable",
+            Reason::ReportFailed => "the WireServer (168.63.129.16:80) must be reachable: a firewall, proxy or missing route in the image is the usual cause",
+            Reason::Internal => "a bug in azprov: please report it with /var/log/azprov.log",
+            Reason::Operator => return None,
+        })
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -115,6 +145,8 @@ pub struct Failure {
     pub reason: Reason,
     pub detail: String,
     pub extra: Vec<(&'static str, String)>,
+    /// The stage of the run it came from (`media`, `dhcp`, `write` …), once one is known.
+    pub stage: Option<&'static str>,
 }
 
 impl Failure {
@@ -123,6 +155,7 @@ impl Failure {
             reason,
             detail: detail.to_string(),
             extra: Vec::new(),
+            stage: None,
         }
     }
 
@@ -202,6 +235,24 @@ mod tests {
             assert!(seen.insert(s), "{s} twice");
             assert!(!s.contains(['|', '\'', '=', '\n']), "{s}");
             assert!(!r.when().is_empty());
+            assert_eq!(Reason::from_text(s), Some(*r));
+            if let Some(h) = r.hint() {
+                assert!(!h.contains('\n') && h.len() < 200, "{s}: one short line");
+            }
+        }
+    }
+
+    /// README.md's troubleshooting table carries every hint beside its reason.
+    #[test]
+    fn the_readme_says_what_to_check_for_every_reason() {
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+        for r in Reason::ALL {
+            let Some(h) = r.hint() else { continue };
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with("| ") && l.contains(&format!("`{}`", r.as_str())))
+                .unwrap_or_else(|| panic!("README.md has no row for {r}"));
+            assert!(row.contains(h), "README.md's row for {r} lacks: {h}");
         }
     }
 

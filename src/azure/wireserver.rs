@@ -120,7 +120,14 @@ pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> S
         ("reason", failure.reason.as_str()),
         ("agent", agent.as_str()),
     ];
+    if let Some(stage) = failure.stage {
+        head.push(("stage", stage));
+    }
     head.extend(failure.extra.iter().map(|(k, v)| (*k, v.as_str())));
+    // the cause, as the log gives it (never a secret), for every reason
+    if !failure.detail.is_empty() && !failure.extra.iter().any(|(k, _)| *k == "detail") {
+        head.push(("detail", failure.detail.as_str()));
+    }
     let tail = format!(
         "|{}",
         join(&[
@@ -444,11 +451,13 @@ mod tests {
 
     #[test]
     fn description_fields_in_order() {
-        let d = failure_description(&Failure::new(Reason::DhcpLease, "none"), "abc", "T");
+        let mut dhcp = Failure::new(Reason::DhcpLease, "eth0: no answer");
+        dhcp.stage = Some("dhcp");
+        let d = failure_description(&dhcp, "abc", "T");
         assert_eq!(
             d,
             format!(
-                "result=error|reason=failure to obtain DHCP lease|agent=azprov/{}|vm_id=abc|timestamp=T|documentation_url=https://aka.ms/linuxprovisioningerror",
+                "result=error|reason=failure to obtain DHCP lease|agent=azprov/{}|stage=dhcp|detail=eth0: no answer|vm_id=abc|timestamp=T|documentation_url=https://aka.ms/linuxprovisioningerror",
                 crate::VERSION
             )
         );

@@ -44,7 +44,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
                 "azprov ovf: give the ovf-env.xml file or --device DEV",
             ))
         }
-        _ => return Err(usage("azprov ovf: give exactly one file, or --device DEV")),
+        _ => return Err(usage("ovf: give exactly one file, or --device DEV")),
     };
     let env = ovf::parse(&bytes).map_err(|e| usage(format!("{name}: {e}")))?;
     let out = OvfJson {

@@ -17,13 +17,14 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             "imds",
             "dmi",
             "cmdline",
+            "run-dir",
         ],
         &["no-dhcp", "force", "json", "keep-host-keys"],
     )?;
     a.no_positionals()?;
     let root = a
         .value("root")?
-        .ok_or_else(|| usage("azprov provision: --root DIR is required"))?;
+        .ok_or_else(|| usage("provision: --root DIR is required"))?;
     if !Path::new(root).is_dir() {
         return Err(usage(format!("--root {root}: not a directory")));
     }
@@ -59,6 +60,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             .value("dmi")?
             .unwrap_or(crate::azure::vmid::DMI_DIR)
             .into(),
+        record_dir: Some(crate::provision::record::dir(a.value("run-dir")?)),
         ..base
     };
     let summary = provision(&opts);
@@ -69,7 +71,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         0 => Ok(()),
         _ => Err(CliError::Failed(format!(
             "provisioning failed: {}",
-            summary.reason.map_or("unknown", |r| r.as_str())
+            summary.cause.as_deref().unwrap_or("unknown")
         ))),
     }
 }

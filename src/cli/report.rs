@@ -22,7 +22,7 @@ pub(super) fn cmd_report(args: &[String]) -> Result<(), CliError> {
             let reason = a
                 .value("reason")?
                 .filter(|r| !r.trim().is_empty())
-                .ok_or_else(|| usage("azprov report failure: --reason TEXT is required"))?;
+                .ok_or_else(|| usage("report failure: --reason TEXT is required"))?;
             let vm_id = vmid::read(Path::new(vmid::DMI_DIR), Path::new("/sys"))
                 .unwrap_or_else(|| "unknown".into());
             // The reason Azure shows is fixed; the operator's words follow as detail=.

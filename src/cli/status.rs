@@ -1,35 +1,70 @@
-//! `azprov status [--root DIR] [--json]`: what azprov recorded in the root. With `--root`
-//! only what is in that root counts (an offline image); without it the running system, whose
-//! DMI VM id must match the marker. Exit 0 when provisioned and Ready was acknowledged.
+//! `azprov status [--root DIR] [--json] [--run-dir DIR]`: what azprov recorded. Without
+//! `--root`, the running system: this boot's record in /run/azprov (readable by everyone, so
+//! an admin without sudo learns whether provisioning succeeded) and the root's state in
+//! /var/lib/azprov (root only), whose VM id must match DMI's. With `--root` only that root
+//! counts (an offline image), and this boot's record only where `--run-dir` names it. Exit 0 when provisioned and Ready was acknowledged, or when
+//! this boot was not to provision (disabled, not Azure); 1 otherwise.
 
 use super::{opt, print_json, Args, CliError};
-use crate::provision::state::Timings;
-use crate::provision::state::{Acked, State};
-use crate::provision::sysroot::Sysroot;
+use crate::azure::reason::Reason;
+use crate::provision::record::{self, BootRecord};
+use crate::provision::state::{Acked, State, Timings};
+use crate::provision::summary::SCHEMA;
+use crate::provision::sysroot::{Sysroot, LOG_FILE, STATE_DIR};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
 struct Status {
+    schema: u32,
+    version: &'static str,
     provisioned: bool,
+    /// What Azure acknowledged for the provisioning: ready, failure or pending (none yet).
+    report: Option<Acked>,
+    /// What this boot's run did: ready, failure, pending, skipped, disabled, not-azure.
+    this_boot: Option<String>,
     vm_id: Option<String>,
     provisioned_at: Option<String>,
-    report: Option<Acked>,
     reported_at: Option<String>,
     reason: Option<String>,
+    cause: Option<String>,
+    stage: Option<String>,
+    hint: Option<&'static str>,
     hostname: Option<String>,
     username: Option<String>,
     host_keys: Vec<String>,
     timings_ms: Option<Timings>,
+    log: String,
+    /// Why the state could not be read (not root: /var/lib/azprov is 0700), if so.
+    state_unreadable: Option<String>,
 }
 
 pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["root"], &["json"])?;
+    let a = Args::parse(args, &["root", "run-dir"], &["json"])?;
     a.no_positionals()?;
     let offline = a.value("root")?;
     let root = Sysroot::new(offline.unwrap_or("/"));
+    // this boot's record counts for the running system, or where --run-dir names it
+    let run_dir = a.value("run-dir")?;
+    let boot: Option<BootRecord> = match (offline, run_dir) {
+        (Some(_), None) => None,
+        _ => record::load(&record::dir(run_dir)),
+    };
+    let this = |k: &str| {
+        boot.as_ref()
+            .and_then(|b| b.summary.get(k))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let (state, state_unreadable) = match root.read(&format!("{STATE_DIR}/{}", "state.json")) {
+        Err(e) => (None, Some(e.to_string())),
+        Ok(_) => (State::load(&root), None),
+    };
     let marker = root.read_marker();
-    let state = State::load(&root).unwrap_or_default();
     let provisioned = match (&marker, offline) {
+        (None, _) if state_unreadable.is_some() => {
+            // not root: this boot's record says whether the VM was provisioned
+            matches!(this("report").as_deref(), Some("ready" | "skipped"))
+        }
         (None, _) => false,
         (Some(_), Some(_)) => true,
         // the running system: a marker from another VM (an image not cleaned) does not count
@@ -39,53 +74,106 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         )
         .is_none_or(|id| &id == m),
     };
+    let state = state.unwrap_or_default();
+    let reason = state.reason.clone().or_else(|| this("reason"));
     let st = Status {
+        schema: SCHEMA,
+        version: crate::VERSION,
         provisioned,
-        vm_id: state.vm_id.clone().or(marker),
+        report: state.report.or(match this("report").as_deref() {
+            Some("ready") => Some(Acked::Ready),
+            Some("failure") => Some(Acked::Failure),
+            Some("pending") => Some(Acked::Pending),
+            _ => None,
+        }),
+        this_boot: this("report"),
+        vm_id: state.vm_id.clone().or(marker).or_else(|| this("vm_id")),
         provisioned_at: state.provisioned_at.clone(),
-        report: state.report,
         reported_at: state.reported_at.clone(),
-        reason: state.reason.clone(),
-        hostname: state.hostname.clone(),
-        username: state.username.clone(),
+        hint: reason
+            .as_deref()
+            .and_then(Reason::from_text)
+            .and_then(Reason::hint),
+        reason,
+        cause: state.cause.clone().or_else(|| this("cause")),
+        stage: state.stage.clone().or_else(|| this("stage")),
+        hostname: state.hostname.clone().or_else(|| this("hostname")),
+        username: state.username.clone().or_else(|| this("username")),
         host_keys: state.host_keys.clone(),
         timings_ms: state.report.map(|_| state.timings_ms),
+        log: boot
+            .as_ref()
+            .map_or_else(|| LOG_FILE.to_string(), |b| b.log.clone()),
+        state_unreadable,
     };
     if a.has("json") {
         print_json(&st)?;
     } else {
-        let report = st.report.map(|r| match r {
-            Acked::Ready => "ready",
-            Acked::Failure => "failure",
-            Acked::Pending => "pending (not acknowledged by Azure yet)",
-        });
-        println!(
-            "provisioned:    {}",
-            if st.provisioned { "yes" } else { "no" }
-        );
-        println!("vm id:          {}", opt(st.vm_id.as_deref()));
-        println!("provisioned at: {}", opt(st.provisioned_at.as_deref()));
-        println!("report:         {}", opt(report));
-        println!("reported at:    {}", opt(st.reported_at.as_deref()));
-        println!("reason:         {}", opt(st.reason.as_deref()));
-        println!("hostname:       {}", opt(st.hostname.as_deref()));
-        println!("username:       {}", opt(st.username.as_deref()));
-        println!("host keys:      {}", st.host_keys.len());
-        for k in &st.host_keys {
-            println!("  {k}");
-        }
-        if let Some(t) = st.timings_ms {
-            println!(
-                "timings (ms):   media {} dhcp {} imds {} write {} report {} host keys {} total {}",
-                t.media, t.dhcp, t.imds, t.write, t.report, t.host_keys, t.total
-            );
-        }
+        print_text(&st, boot.as_ref());
     }
+    let not_to_provision = matches!(st.this_boot.as_deref(), Some("disabled" | "not-azure"));
     match (st.provisioned, st.report) {
         (true, Some(Acked::Ready)) => Ok(()),
+        (false, _) if not_to_provision => Ok(()),
         (false, _) => Err(CliError::Failed("not provisioned".into())),
         (true, _) => Err(CliError::Failed(
             "provisioned, but Ready was not acknowledged by Azure".into(),
         )),
+    }
+}
+
+fn print_text(st: &Status, boot: Option<&BootRecord>) {
+    let report = st.report.map(|r| match r {
+        Acked::Ready => "ready",
+        Acked::Failure => "failure (NotReady acknowledged by Azure)",
+        Acked::Pending => "pending (not acknowledged by Azure yet)",
+    });
+    let this_boot = st.this_boot.as_deref().map(|b| match b {
+        "disabled" => "disabled on the kernel command line (azprov=0): nothing done",
+        "not-azure" => "not an Azure VM: nothing done (azprov.force provisions anyway)",
+        "skipped" => "already provisioned: nothing done",
+        "ready" => "provisioned, Ready acknowledged",
+        "failure" => "provisioning failed, NotReady acknowledged",
+        "pending" => "no report acknowledged by Azure",
+        other => other,
+    });
+    println!(
+        "provisioned:    {}",
+        if st.provisioned { "yes" } else { "no" }
+    );
+    println!(
+        "this boot:      {}{}",
+        opt(this_boot),
+        boot.map_or(String::new(), |b| format!(" (at {})", b.at))
+    );
+    println!("vm id:          {}", opt(st.vm_id.as_deref()));
+    println!("provisioned at: {}", opt(st.provisioned_at.as_deref()));
+    println!("report:         {}", opt(report));
+    println!("reported at:    {}", opt(st.reported_at.as_deref()));
+    println!("reason:         {}", opt(st.reason.as_deref()));
+    if st.reason.is_some() {
+        println!("cause:          {}", opt(st.cause.as_deref()));
+        println!("failed stage:   {}", opt(st.stage.as_deref()));
+        println!("what to check:  {}", opt(st.hint));
+    }
+    println!("hostname:       {}", opt(st.hostname.as_deref()));
+    println!("username:       {}", opt(st.username.as_deref()));
+    println!("host keys:      {}", st.host_keys.len());
+    for k in &st.host_keys {
+        println!("  {k}");
+    }
+    if let Some(t) = st.timings_ms {
+        println!(
+            "timings (ms):   media {} dhcp {} imds {} write {} report {} host keys {} total {}",
+            t.media, t.dhcp, t.imds, t.write, t.report, t.host_keys, t.total
+        );
+    }
+    println!("log:            {} (and journalctl -t azprov -b)", st.log);
+    println!("azprov:         {}", st.version);
+    if let Some(e) = &st.state_unreadable {
+        println!(
+            "note:           the state in {STATE_DIR} could not be read ({e}); \
+             run as root for all of it"
+        );
     }
 }

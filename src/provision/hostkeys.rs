@@ -320,6 +320,25 @@ fn race_rsa(control: &Control, raised: bool) -> Result<RsaKeypair, HostKeyError>
     }
 }
 
+/// Whether the root has an SSH server configured (`/etc/ssh/sshd_config`) and no host key of
+/// any type: a cleaned image (`azprov clean`), where sshd would refuse to start.
+pub fn none_in(root: &super::sysroot::Sysroot) -> bool {
+    if !root.exists(&format!("{SSH_DIR}/sshd_config")) {
+        return false;
+    }
+    let Ok(dir) = root.resolve_full(SSH_DIR) else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    !entries.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n.starts_with("ssh_host_") && n.ends_with("_key")
+    })
+}
+
 /// Writes the keys over the image's (`/etc/ssh/ssh_host_<type>_key`, 0600 root, and `.pub`,
 /// 0644 root, each atomically), then removes the image's keys of other types, so sshd never
 /// finds an old key or none. Returns the fingerprint lines. A root without /etc/ssh (no sshd)

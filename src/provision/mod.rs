@@ -9,6 +9,7 @@ pub mod hostkeys;
 pub mod merge;
 pub mod options;
 pub mod reboot;
+pub mod record;
 pub mod run;
 pub mod selinux;
 pub mod stages;

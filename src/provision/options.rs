@@ -47,6 +47,8 @@ pub struct Options {
     /// stage when no CD drive is there yet), and loading a CD filesystem's module on demand
     /// (iso9660). Hook mode: none.
     pub modules: OnDemand,
+    /// Where this boot's world-readable outcome goes (`/run/azprov`; [`super::record`]).
+    pub record_dir: Option<PathBuf>,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -87,6 +89,7 @@ impl Options {
             remount: mode == Mode::Hook,
             host_keys: cfg.host_keys,
             modules: OnDemand::default(),
+            record_dir: Some(super::record::RUN_DIR.into()),
         }
     }
 }

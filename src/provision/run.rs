@@ -2,7 +2,7 @@
 //! hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::fstab;
-use super::hostkeys::Keygen;
+use super::hostkeys::{self, Keygen};
 use super::merge::merge;
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
@@ -153,7 +153,11 @@ pub fn provision(opts: &Options) -> Summary {
 /// `provision` with the host keys' generation already started (`early_keygen`); without it,
 /// a new VM's run starts it beside the media stage.
 pub fn provision_with(opts: &Options, keygen: Option<Keygen>) -> Summary {
-    provision_in(opts, &Sysroot::new(&opts.root), keygen)
+    let s = provision_in(opts, &Sysroot::new(&opts.root), keygen);
+    if let Some(dir) = &opts.record_dir {
+        super::record::save(dir, &opts.root, &s);
+    }
+    s
 }
 
 /// `provision_with` into a given [`Sysroot`]: one whose owners are only recorded
@@ -161,6 +165,12 @@ pub fn provision_with(opts: &Options, keygen: Option<Keygen>) -> Summary {
 pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) -> Summary {
     let t0 = Instant::now();
     let capture = crate::logger::Capture::install();
+    log::info!(
+        "azprov {} ({}), root {}",
+        crate::VERSION,
+        if opts.remount { "hook" } else { "PID 1" },
+        opts.root.display()
+    );
     let mut s = Summary::new(vmid::read(&opts.dmi, &opts.sys));
     if opts.disable {
         log::info!("disabled on the kernel command line; not provisioning");
@@ -174,6 +184,13 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
             tag.as_deref().map_or_else(|| "absent".into(), |t| format!("{t:?}"))
         );
         s.report = Report::NotAzure;
+        // a cleaned image booted elsewhere: sshd needs host keys, and they need no packet
+        if opts.host_keys && super::hostkeys::none_in(root) {
+            log::info!("host keys: the root has none; making them (no network needed)");
+            let _writable = writable(opts);
+            let generated = keygen.map_or_else(|| hostkeys::generate(&opts.sys), Keygen::join);
+            install_host_keys(root, generated, &mut s);
+        }
         s.timings_ms.total = ms(t0.elapsed());
         return s;
     }
@@ -332,6 +349,9 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         }),
         reported_at,
         reason: s.reason.map(|r| r.as_str().to_string()),
+        cause: s.cause.clone(),
+        stage: s.stage.map(str::to_string),
+        version: Some(crate::VERSION.to_string()),
         hostname: s.hostname.clone(),
         username: s.username.clone(),
         // a user azprov created on an earlier run (`--force`, a new VM id) is still its own
@@ -344,13 +364,38 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
     if let Err(e) = state.save(root) {
         log::warn!("cannot write the state: {e}");
     }
-    let saved = root
-        .mkdir("/var/log", 0o755, (0, 0))
-        .and_then(|_| root.write(sysroot::LOG_FILE, &capture.contents(), 0o640, (0, 0)));
+    let saved = root.mkdir("/var/log", 0o755, (0, 0)).and_then(|_| {
+        let earlier = root
+            .read(sysroot::LOG_FILE)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let log = appended(earlier, &capture.contents(), LOG_MAX);
+        root.write(sysroot::LOG_FILE, &log, 0o640, (0, 0))
+    });
     if let Err(e) = saved {
         log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
     }
     s
+}
+
+/// The log file keeps at most this much: the newest runs, whole lines.
+const LOG_MAX: usize = 256 * 1024;
+
+/// `earlier` runs' log with this run's lines after it, cut from the front at a line boundary
+/// to at most `max` bytes.
+fn appended(mut earlier: Vec<u8>, run: &[u8], max: usize) -> Vec<u8> {
+    earlier.extend_from_slice(run);
+    if earlier.len() <= max {
+        return earlier;
+    }
+    let cut = earlier.len() - max;
+    let start = earlier
+        .iter()
+        .skip(cut)
+        .position(|&b| b == b'\n')
+        .map_or(earlier.len(), |i| cut + i + 1);
+    earlier.split_off(start)
 }
 
 /// The media stage's line: what the OVF names, or that there was none.
@@ -395,4 +440,20 @@ fn metadata(url: &str, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds
         ),
     }
     m.map_err(|e| imds_failure(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::appended;
+
+    #[test]
+    fn the_log_keeps_the_newest_whole_lines_within_its_cap() {
+        assert_eq!(appended(b"a\n".to_vec(), b"b\n", 10), b"a\nb\n");
+        assert_eq!(
+            appended(b"one\ntwo\n".to_vec(), b"three\n", 12),
+            b"two\nthree\n"
+        );
+        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"three\n", 9), b"three\n");
+        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"3\n", 7), b"two\n3\n");
+    }
 }

@@ -84,6 +84,10 @@ impl Stage {
                 ))
             });
         *slot = ms(self.start.elapsed());
+        let result = result.map_err(|mut f| {
+            f.stage.get_or_insert(name);
+            f
+        });
         match &result {
             Ok(v) => log::info!("{name}: {} ms: {}", *slot, found(v)),
             Err(e) => log::log!(self.failure_level, "{name}: {} ms: {e}", *slot),
@@ -242,17 +246,22 @@ pub(super) fn record_report(
     written: &Result<(), Failure>,
     acked: &Result<wireserver::Reported, Failure>,
 ) {
-    if let Err(f) = written {
-        s.reason = Some(f.reason);
-    }
+    let failure = match (written, acked) {
+        (Err(f), _) | (Ok(()), Err(f)) => Some(f),
+        (Ok(()), Ok(_)) => None,
+    };
     s.report = match (written, acked) {
         (Ok(()), Ok(_)) => Report::Ready,
-        (_, Err(f)) => {
-            s.reason.get_or_insert(f.reason);
-            Report::Failure
-        }
         (Err(_), Ok(_)) => Report::Failure,
+        (_, Err(_)) => Report::Pending,
     };
+    if let Some(f) = failure {
+        s.fail(f);
+        // the report's own failure is the cause when there was nothing else
+        if let (Err(_), Err(r)) = (written, acked) {
+            log::error!("{r}");
+        }
+    }
 }
 
 /// Writes freshly made host keys into the root and shows their fingerprints on the console

@@ -44,6 +44,12 @@ pub struct State {
     pub report: Option<Acked>,
     pub reported_at: Option<String>,
     pub reason: Option<String>,
+    /// The reason with its cause, as logged (never a secret).
+    pub cause: Option<String>,
+    /// The stage the failure came from.
+    pub stage: Option<String>,
+    /// The azprov that wrote this state.
+    pub version: Option<String>,
     pub hostname: Option<String>,
     pub username: Option<String>,
     /// Whether azprov created the user (`azprov clean --user` removes only such a user).

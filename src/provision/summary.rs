@@ -9,8 +9,13 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Report {
+    /// Ready acknowledged by Azure.
     Ready,
+    /// NotReady acknowledged by Azure: provisioning failed, and Azure knows why.
     Failure,
+    /// No report was acknowledged (the WireServer could not be reached): Azure knows nothing
+    /// yet; the next boot sends a Ready that is owed.
+    Pending,
     /// Already provisioned: nothing done, nothing reported.
     Skipped,
     /// Disabled on the kernel command line: nothing done, no packet sent.
@@ -20,9 +25,15 @@ pub enum Report {
     NotAzure,
 }
 
+/// The version of the JSON `provision --json` and `status --json` print (the same names for
+/// the same things); raised when a field changes meaning or goes away.
+pub const SCHEMA: u32 = 1;
+
 /// The `--json` summary; never holds a secret.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    pub schema: u32,
+    pub version: &'static str,
     pub vm_id: Option<String>,
     pub hostname: Option<String>,
     pub username: Option<String>,
@@ -31,6 +42,13 @@ pub struct Summary {
     pub user_data: bool,
     pub report: Report,
     pub reason: Option<Reason>,
+    /// The reason with its cause (`failure to obtain DHCP lease: eth0: no answer after 20 s`),
+    /// as logged; never a secret.
+    pub cause: Option<String>,
+    /// The stage the failure came from.
+    pub stage: Option<&'static str>,
+    /// What to check first ([`Reason::hint`]).
+    pub hint: Option<&'static str>,
     /// `ssh-keygen -l` lines of the host keys made in this run.
     pub host_keys: Vec<String>,
     pub timings_ms: Timings,
@@ -41,7 +59,7 @@ impl Summary {
     pub fn exit_code(&self) -> i32 {
         match self.report {
             Report::Ready | Report::Skipped | Report::Disabled | Report::NotAzure => 0,
-            Report::Failure => 1,
+            Report::Failure | Report::Pending => 1,
         }
     }
 }
@@ -50,6 +68,8 @@ impl Summary {
     /// A run's summary before its first stage: only the VM id DMI gave, nothing reported yet.
     pub(super) fn new(vm_id: Option<String>) -> Self {
         Summary {
+            schema: SCHEMA,
+            version: crate::VERSION,
             vm_id,
             hostname: None,
             username: None,
@@ -58,8 +78,26 @@ impl Summary {
             user_data: false,
             report: Report::Failure,
             reason: None,
+            cause: None,
+            stage: None,
+            hint: None,
             host_keys: Vec::new(),
             timings_ms: Timings::default(),
+        }
+    }
+
+    /// Records why the run failed: the first failure counts (the write's, not the report's
+    /// that followed it). The hint is logged once, here.
+    pub(super) fn fail(&mut self, f: &super::Failure) {
+        if self.reason.is_some() {
+            return;
+        }
+        self.reason = Some(f.reason);
+        self.cause = Some(f.to_string());
+        self.stage = f.stage;
+        self.hint = f.reason.hint();
+        if let Some(h) = self.hint {
+            log::warn!("what to check: {h}");
         }
     }
 

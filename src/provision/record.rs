@@ -1,0 +1,90 @@
+//! This boot's outcome in `/run/azprov/boot.json`, readable by everyone: whether provisioning
+//! succeeded, was skipped, disabled or not needed off Azure, and why it failed, with no secret
+//! in it. /run is a tmpfs the initramfs hands to the booted system (switch_root moves it; a
+//! systemd initrd keeps it), so `azprov status` finds it without root and without anything
+//! written into the root on a boot that must not write (`azprov=0`, not Azure).
+
+use super::summary::Summary;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where the record lives in PID 1, in hook mode and in the booted system.
+pub const RUN_DIR: &str = "/run/azprov";
+pub const FILE: &str = "boot.json";
+
+/// What `boot.json` holds: the run's summary and when and where its log went.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct BootRecord {
+    /// When the run ended (RFC 3339).
+    pub at: String,
+    /// The root the run provisioned, as the run saw it.
+    pub root: String,
+    /// The run's log in that root.
+    pub log: String,
+    pub summary: serde_json::Value,
+}
+
+/// Writes `summary` as this boot's record under `dir` (0755, the file 0644), atomically.
+/// A failure is a warning: the record helps `status`, it is no part of provisioning.
+pub fn save(dir: &Path, root: &Path, summary: &Summary) {
+    let record = BootRecord {
+        at: crate::time::now_rfc3339(),
+        root: root.display().to_string(),
+        log: super::sysroot::LOG_FILE.to_string(),
+        summary: serde_json::to_value(summary).unwrap_or_default(),
+    };
+    if let Err(e) = write(dir, &record) {
+        log::warn!("cannot record this boot in {}: {e}", dir.display());
+    }
+}
+
+fn write(dir: &Path, record: &BootRecord) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(record).unwrap_or_default())?;
+    std::fs::rename(&tmp, dir.join(FILE))
+}
+
+/// This boot's record under `dir`, if there is one that parses.
+pub fn load(dir: &Path) -> Option<BootRecord> {
+    let bytes = std::fs::read(dir.join(FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The default directory, or the one a test points at.
+pub fn dir(over: Option<&str>) -> PathBuf {
+    over.map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_world_readable_and_reads_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("azprov-record-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let mut s = Summary::new(Some("vm-1".into()));
+        s.report = super::super::summary::Report::Disabled;
+        save(&d, Path::new("/sysroot"), &s);
+        let md = std::fs::metadata(d.join(FILE)).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o644);
+        let r = load(&d).unwrap();
+        assert_eq!(r.summary["report"], "disabled");
+        assert_eq!(r.summary["schema"], 1);
+        assert_eq!(r.root, "/sysroot");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
