@@ -301,3 +301,66 @@ fn the_readme_synopsis_is_the_usage_text() {
         "README.md's synopsis differs from `azprov --help`"
     );
 }
+
+/// Every command has `--help` with its flags, one line each; `-V` is the version; an error
+/// carries one `azprov:` prefix; `ovf` refuses what `provision` would refuse.
+#[test]
+fn each_command_has_help_and_the_cli_speaks_as_tools_do() {
+    for cmd in [
+        "provision",
+        "status",
+        "clean",
+        "ovf",
+        "imds",
+        "dhcp",
+        "report",
+        "version",
+    ] {
+        let o = azprov(&[cmd, "--help"]);
+        assert!(o.status.success(), "{cmd} --help");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with("usage: azprov "), "{cmd}: {out}");
+        assert!(out.contains("-h, --help"), "{cmd}: {out}");
+    }
+    let o = azprov(&["provision", "--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for flag in [
+        "--root DIR",
+        "--no-dhcp",
+        "--keep-host-keys",
+        "--run-dir DIR",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with(flag)),
+            "{flag}: {out}"
+        );
+    }
+    let o = azprov(&["-V"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("azprov "));
+    let o = azprov(&["provision"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("azprov").count(), 1, "{err}");
+
+    let wala = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ovf/wala.xml"
+    ))
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("azprov-cli-ovf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (from, to, needle) in [
+        (
+            "<HostName>vm-wala",
+            "<HostName>bad_host name!",
+            "invalid hostname",
+        ),
+        ("<UserName>azureuser", "<UserName>root", "invalid username"),
+    ] {
+        assert!(wala.contains(from));
+        let f = dir.join("ovf-env.xml");
+        std::fs::write(&f, wala.replace(from, to)).unwrap();
+        one_line_error(&azprov(&["ovf", f.to_str().unwrap()]), 2, needle);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,6 +13,13 @@ pub struct Args {
 }
 
 impl Args {
+    /// The flags of `command` as its help table lists them ([`super::help::COMMANDS`]).
+    pub fn for_command(args: &[String], command: &str) -> Result<Args, CliError> {
+        let c = super::help::command(command)
+            .ok_or_else(|| CliError::Failed(format!("no help table entry for {command}")))?;
+        Args::parse(args, &c.valued(), &c.switches())
+    }
+
     pub fn parse(
         args: &[String],
         valued: &[&'static str],

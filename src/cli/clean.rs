@@ -7,7 +7,7 @@ use crate::provision::sysroot::Sysroot;
 use std::path::Path;
 
 pub(super) fn cmd_clean(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["root"], &["user", "machine-id", "dry-run", "json"])?;
+    let a = Args::for_command(args, "clean")?;
     a.no_positionals()?;
     let root = a.value("root")?.unwrap_or("/");
     if !Path::new(root).is_dir() {

@@ -29,7 +29,7 @@ struct DhcpJson {
 }
 
 pub(super) fn cmd_dhcp(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["iface", "hostname", "timeout"], &["json", "keep"])?;
+    let a = Args::for_command(args, "dhcp")?;
     a.no_positionals()?;
     let timeout = a.timeout(Duration::from_secs(30))?;
     let class_net = Path::new(crate::net::link::SYS_CLASS_NET);

@@ -22,7 +22,7 @@ struct OvfJson<'a> {
 }
 
 pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["device"], &["json"])?;
+    let a = Args::for_command(args, "ovf")?;
     let (name, bytes) = match (a.positional.as_slice(), a.value("device")?) {
         ([f], None) => {
             let bytes = std::fs::read(f).map_err(|e| usage(format!("cannot read {f}: {e}")))?;
@@ -47,6 +47,18 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
         _ => return Err(usage("ovf: give exactly one file, or --device DEV")),
     };
     let env = ovf::parse(&bytes).map_err(|e| usage(format!("{name}: {e}")))?;
+    // what provision checks of the same values: refused here as there
+    use crate::provision::data::{Hostname, SshKey, Username};
+    Hostname::parse(&env.hostname)
+        .map_err(|e| usage(format!("{name}: {e}; provision would refuse it")))?;
+    if let Some(u) = env.username.as_deref() {
+        Username::parse(u).map_err(|e| usage(format!("{name}: {e}; provision would refuse it")))?;
+    }
+    for (i, k) in env.ssh_keys.iter().enumerate() {
+        if let Some(Err(e)) = k.value.as_deref().map(SshKey::parse) {
+            eprintln!("azprov: {name}: key {}: {e}; provision skips it", i + 1);
+        }
+    }
     let out = OvfJson {
         hostname: &env.hostname,
         username: env.username.as_deref(),
@@ -100,7 +112,7 @@ struct ImdsJson<'a> {
 }
 
 pub(super) fn cmd_imds(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["imds", "timeout"], &["json"])?;
+    let a = Args::for_command(args, "imds")?;
     a.no_positionals()?;
     let base = imds_base(&a)?;
     let base = base.as_str();

@@ -5,6 +5,7 @@
 mod args;
 mod clean;
 mod dhcp;
+pub mod help;
 mod inspect;
 mod provision;
 mod report;
@@ -32,8 +33,10 @@ usage:
   azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
-  azprov version
-exit codes: 0 ok, 1 failed (network, provisioning), 2 usage or bad input";
+  azprov version | -V
+  azprov COMMAND --help                    that command's options, one line each
+exit codes: 0 ok (also: already provisioned, disabled, not Azure), 1 failed (network,
+provisioning; status: not provisioned or Ready not acknowledged), 2 usage or bad input";
 
 /// Why a command failed, and so its exit code.
 #[derive(Debug)]
@@ -70,6 +73,16 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
     let Some((cmd, rest)) = args.split_first() else {
         return Err(usage(USAGE));
     };
+    // `azprov COMMAND --help`: that command's flags, one line each
+    if rest.iter().any(|a| a == "--help" || a == "-h") {
+        let c = help::command(cmd).ok_or_else(|| {
+            usage(format!(
+                "unknown command {cmd:?} (azprov --help lists them)"
+            ))
+        })?;
+        print!("{}", c.help());
+        return Ok(());
+    }
     match cmd.as_str() {
         "ovf" => inspect::cmd_ovf(rest),
         "imds" => inspect::cmd_imds(rest),
@@ -78,7 +91,7 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         "report" => report::cmd_report(rest),
         "status" => status::cmd_status(rest),
         "clean" => clean::cmd_clean(rest),
-        "version" | "--version" => {
+        "version" | "--version" | "-V" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
             println!("azprov {}", crate::VERSION);
             Ok(())

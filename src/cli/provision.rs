@@ -5,22 +5,7 @@ use std::path::Path;
 
 pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
     use crate::provision::run::{provision, MediaSource, Mode, Options};
-    let a = Args::parse(
-        args,
-        &[
-            "root",
-            "iface",
-            "media",
-            "ovf",
-            "timeout",
-            "wireserver",
-            "imds",
-            "dmi",
-            "cmdline",
-            "run-dir",
-        ],
-        &["no-dhcp", "force", "json", "keep-host-keys"],
-    )?;
+    let a = Args::for_command(args, "provision")?;
     a.no_positionals()?;
     let root = a
         .value("root")?

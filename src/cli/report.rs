@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub(super) fn cmd_report(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["wireserver", "timeout", "reason"], &[])?;
+    let a = Args::for_command(args, "report")?;
     let health = match a.positional.as_slice() {
         [k] if k == "ready" => {
             if a.value("reason")?.is_some() {

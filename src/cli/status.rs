@@ -39,7 +39,7 @@ struct Status {
 }
 
 pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
-    let a = Args::parse(args, &["root", "run-dir"], &["json"])?;
+    let a = Args::for_command(args, "status")?;
     a.no_positionals()?;
     let offline = a.value("root")?;
     let root = Sysroot::new(offline.unwrap_or("/"));
