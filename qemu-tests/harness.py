@@ -334,9 +334,16 @@ def common_checks(c, fabric, root, out, rc, hostname):
     boot_log = debugfs_cat(root, "/var/log/azprov.log") or ""
     c("modules:" in boot_log and "report:" in boot_log, "/var/log/azprov.log lacks the boot's stages")
     c("S3cr3t" not in boot_log and "S3cr3t" not in out, "the password leaked into a log")
-    block = out.split("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")[-1].split("-----END SSH HOST KEY FINGERPRINTS-----")[0]
-    c("-----BEGIN SSH HOST KEY FINGERPRINTS-----" in out and block.count(f"root@{hostname} (") == 3,
-      "no fingerprint block with three keys on the console")
+    # ed25519 and ECDSA before the handover; RSA after it, by a process that outlives it, with
+    # a last block listing all three (unless its search had ended before the handover)
+    blocks = [b.split("-----END SSH HOST KEY FINGERPRINTS-----")[0]
+              for b in out.split("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")[1:]]
+    c(bool(blocks) and "(ED25519)" in blocks[0] and "(ECDSA)" in blocks[0],
+      "no fingerprint block with the ed25519 and ecdsa keys before the handover")
+    c(bool(blocks) and blocks[-1].count(f"root@{hostname} (") == 3, "no fingerprint block with all three keys")
+    c("REALROOT rsa=yes" in out, "the rsa host key never reached the real root")
+    c("REALROOT rsa-pending" not in out or out.index("REALROOT-INIT") < out.rindex("(RSA)"),
+      "the real init waited for the rsa key")
     pub = debugfs_cat(root, "/etc/ssh/ssh_host_ed25519_key.pub") or ""
     c(pub.startswith("ssh-ed25519 ") and pub.endswith(f" root@{hostname}\n"), "no new ed25519 host key in the root")
     c("PRIVATE KEY" not in out and "PRIVATE KEY" not in boot_log, "a private host key reached a log")

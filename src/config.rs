@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The whole provisioning run's bound unless `azprov.timeout=`/`--timeout` says otherwise.
+/// The SSH host key types azprov can make.
+pub const HOST_KEY_TYPES: [&str; 3] = ["ed25519", "ecdsa", "rsa"];
+
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A command line word azprov refused; the word is skipped and the boot goes on.
@@ -115,6 +118,9 @@ pub struct Config {
     pub keepnet: bool,
     /// New SSH host keys for a new VM; `azprov.hostkeys=keep` leaves the image's alone.
     pub host_keys: bool,
+    /// `azprov.hostkeytypes=ed25519,ecdsa,rsa`: the host key types a new VM gets (all three
+    /// by default; an image that wants no RSA key leaves it out).
+    pub host_key_types: Vec<String>,
     pub log_level: log::LevelFilter,
     pub onfail: OnFail,
     pub modules: Vec<String>,
@@ -140,6 +146,7 @@ impl Default for Config {
             disable: false,
             keepnet: false,
             host_keys: true,
+            host_key_types: HOST_KEY_TYPES.iter().map(|t| t.to_string()).collect(),
             log_level: log::LevelFilter::Info,
             onfail: OnFail::Halt,
             modules: Vec::new(),
@@ -250,6 +257,20 @@ impl Config {
                         "keep" => false,
                         v => return Err(bad(key, v, "keep or regenerate")),
                     }
+                }
+                "azprov.hostkeytypes" => {
+                    let v = need(value)?;
+                    let types: Vec<String> = v
+                        .split(',')
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    if types.is_empty()
+                        || types.iter().any(|t| !HOST_KEY_TYPES.contains(&t.as_str()))
+                    {
+                        return Err(bad(key, &v, "a list of ed25519, ecdsa, rsa"));
+                    }
+                    self.host_key_types = types;
                 }
                 "azprov.log" => {
                     let v = need(value)?;
@@ -440,6 +461,16 @@ mod tests {
         assert!(c.force && c.disable && c.keepnet);
         assert!(c.host_keys);
         assert!(!load(None, "azprov.hostkeys=keep").0.host_keys);
+        assert_eq!(c.host_key_types, ["ed25519", "ecdsa", "rsa"]);
+        assert_eq!(
+            load(None, "azprov.hostkeytypes=ed25519,ecdsa")
+                .0
+                .host_key_types,
+            ["ed25519", "ecdsa"]
+        );
+        let (c2, errs) = load(None, "azprov.hostkeytypes=dsa");
+        assert_eq!(c2.host_key_types.len(), 3);
+        assert_eq!(errs.len(), 1);
         assert_eq!(c.log_level, log::LevelFilter::Debug);
         assert_eq!(c.wireserver.unwrap().to_string(), "10.0.0.9:8080");
         assert_eq!(c.iface.as_deref(), Some("eth1"));

@@ -286,7 +286,7 @@ pub fn man_page() -> String {
         ".SH KERNEL COMMAND LINE\n\
          .B azprov=0\n(or rd.azprov=0, azprov.disable) skips provisioning for one boot;\n\
          .B azprov.timeout=SECS, azprov.iface=IF, azprov.log=debug|info|warn, \
-         azprov.hostkeys=keep, azprov.keepnet, azprov.force, azprov.wireserver=IP, azprov.imds=URL, \
+         azprov.hostkeys=keep, azprov.hostkeytypes=ed25519,ecdsa,rsa, azprov.keepnet, azprov.force, azprov.wireserver=IP, azprov.imds=URL, \
          azprov.onfail=halt|reboot|poweroff, azprov.modules=a,b\n",
     );
     m.push_str(

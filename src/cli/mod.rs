@@ -96,6 +96,8 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
             println!("azprov {}", crate::VERSION);
             Ok(())
         }
+        // the RSA host key after the handover (provision::hostkeys::later); not for users
+        crate::provision::hostkeys::later::COMMAND => host_key_rsa(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -104,6 +106,34 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
             "unknown command {other:?} (azprov --help lists them)"
         ))),
     }
+}
+
+fn host_key_rsa(args: &[String]) -> Result<(), CliError> {
+    let a = Args::parse(
+        args,
+        &["comment", "label-key", "label-pub", "label-state", "line"],
+        &[],
+    )?;
+    let hex = |flag: &str| -> Result<Option<Vec<u8>>, CliError> {
+        a.value(flag)?
+            .map(|h| {
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(h.get(i..i + 2).unwrap_or("zz"), 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| usage(format!("--{flag}: not hex")))
+            })
+            .transpose()
+    };
+    let job = crate::provision::hostkeys::later::Job {
+        comment: a.value("comment")?.unwrap_or("root@localhost").to_string(),
+        label_key: hex("label-key")?,
+        label_pub: hex("label-pub")?,
+        label_state: hex("label-state")?,
+        lines: a.values("line").to_vec(),
+    };
+    crate::provision::hostkeys::later::main(&job)
+        .map_err(|e| CliError::Failed(format!("host keys: {e}")))
 }
 
 pub(crate) fn print_json<T: Serialize>(v: &T) -> Result<(), CliError> {

@@ -6,6 +6,7 @@
 //! other stages (RSA takes a fraction of a second natively, seconds under emulation); the
 //! private halves never reach a log.
 
+pub mod later;
 mod prime;
 
 use super::sysroot::{Sysroot, WriteError};
@@ -43,6 +44,11 @@ impl KeyType {
             KeyType::Ecdsa => "ecdsa",
             KeyType::Ed25519 => "ed25519",
         }
+    }
+
+    /// `rsa`, `ecdsa`, `ed25519` (the names `azprov.hostkeytypes=` takes).
+    pub fn parse(name: &str) -> Option<KeyType> {
+        KeyType::ALL.into_iter().find(|k| k.name() == name)
     }
 
     /// Bits and label as `ssh-keygen -l` prints them.
@@ -147,6 +153,8 @@ pub struct Generated {
     pub entropy_wait: Duration,
     /// Bytes of platform seed mixed into the pool first.
     pub seeded: Option<usize>,
+    /// Types still to make, after the handover ([`later`]): RSA, unless its search was done.
+    pub pending: Vec<KeyType>,
 }
 
 /// Mixes Hyper-V's seed (`/sys/firmware/acpi/tables/OEM0`) into the kernel's pool by writing
@@ -194,30 +202,49 @@ impl Control {
 }
 
 /// `generate` on a thread of its own and on idle CPU only, started before a run knows whether
-/// it needs new keys (PID 1 starts it before the root is even mounted). `join` raises it to
-/// normal priority and waits; dropped without `join`, it stops at its next RSA candidate
-/// (`HostKeyError::Stopped`).
+/// it needs new keys (PID 1 starts it before the root is even mounted). The ed25519 and ECDSA
+/// keys take milliseconds; the RSA search goes on after them. `join` takes the fast keys, and
+/// the RSA key only if it is made already: nothing waits for it (it is finished after the
+/// handover, [`later`]). Dropped, the thread stops at its next RSA candidate.
 pub struct Keygen {
     thread: Option<std::thread::JoinHandle<Result<Generated, HostKeyError>>>,
+    fast: std::sync::mpsc::Receiver<Result<Generated, HostKeyError>>,
     control: Control,
+    types: Vec<KeyType>,
 }
 
 impl Keygen {
-    pub fn start(sys: PathBuf) -> Keygen {
+    pub fn start(sys: PathBuf, types: &[KeyType]) -> Keygen {
         let control = Control::new(Control::BACKGROUND);
         let theirs = control.clone();
-        let thread = std::thread::spawn(move || generate_with(&sys, &theirs));
+        let (tx, fast) = std::sync::mpsc::channel();
+        let wanted = types.to_vec();
+        let thread = std::thread::spawn(move || generate_with(&sys, &theirs, &wanted, Some(tx)));
         Keygen {
             thread: Some(thread),
+            fast,
             control,
+            types: types.to_vec(),
         }
     }
 
-    /// Waits for the keys; a panic in the thread is a failed generation.
+    /// The fast keys (waited for: milliseconds once the CRNG is ready), with the RSA key when
+    /// its search has ended already; else RSA is in `pending` and its search stops.
     pub fn join(mut self) -> Result<Generated, HostKeyError> {
         self.control.set(Control::AWAITED);
-        let thread = self.thread.take().ok_or(HostKeyError::Panicked)?;
-        thread.join().unwrap_or(Err(HostKeyError::Panicked))
+        let mut g = self.fast.recv().unwrap_or(Err(HostKeyError::Panicked))?;
+        if let Some(thread) = self.thread.take() {
+            if thread.is_finished() {
+                if let Ok(Ok(rsa)) = thread.join() {
+                    g.keys.extend(rsa.keys);
+                    g.took.extend(rsa.took);
+                }
+            }
+        }
+        if self.types.contains(&KeyType::Rsa) && !g.keys.iter().any(|(k, _)| *k == KeyType::Rsa) {
+            g.pending.push(KeyType::Rsa);
+        }
+        Ok(g)
     }
 }
 
@@ -227,15 +254,30 @@ impl Drop for Keygen {
     }
 }
 
-/// Makes one key of each type from the kernel's CRNG (the platform seed mixed in first), on
-/// the calling thread, which waits for them (its priority is left alone).
-pub fn generate(sys: &Path) -> Result<Generated, HostKeyError> {
-    generate_with(sys, &Control::new(Control::AWAITED))
+/// The fast keys of `types` (ed25519, ECDSA) from the kernel's CRNG (the platform seed mixed
+/// in first), on the calling thread; RSA, when wanted, is left `pending` for [`later`].
+pub fn generate(sys: &Path, types: &[KeyType]) -> Result<Generated, HostKeyError> {
+    let fast: Vec<KeyType> = types
+        .iter()
+        .copied()
+        .filter(|k| *k != KeyType::Rsa)
+        .collect();
+    let mut g = generate_with(sys, &Control::new(Control::AWAITED), &fast, None)?;
+    if types.contains(&KeyType::Rsa) {
+        g.pending.push(KeyType::Rsa);
+    }
+    Ok(g)
 }
 
-/// `generate` as `control` asks: on idle CPU only while in the background, given up
-/// (`HostKeyError::Stopped`) once stopped.
-fn generate_with(sys: &Path, control: &Control) -> Result<Generated, HostKeyError> {
+/// Makes the keys of `types` as `control` asks: the fast ones first (sent on `fast` when
+/// given, and then only RSA is returned), RSA last, on idle CPU only while in the background,
+/// given up (`HostKeyError::Stopped`) once stopped.
+fn generate_with(
+    sys: &Path,
+    control: &Control,
+    types: &[KeyType],
+    fast: Option<std::sync::mpsc::Sender<Result<Generated, HostKeyError>>>,
+) -> Result<Generated, HostKeyError> {
     // only a generation that starts in the background lowers its priority, and only that one
     // raises it again
     let background = control.0.load(Ordering::Relaxed) == Control::BACKGROUND;
@@ -246,39 +288,68 @@ fn generate_with(sys: &Path, control: &Control) -> Result<Generated, HostKeyErro
     let seeded = seed_from_platform(sys);
     let t = Instant::now();
     let mut probe = [0u8; 1];
-    crate::sys::secure_random_bytes(&mut probe).map_err(HostKeyError::Entropy)?;
-    let entropy_wait = t.elapsed();
-    let mut keys = Vec::new();
-    let mut took = Vec::new();
-    for kind in KeyType::ALL {
-        if control.stop_here(&raised) {
-            return Err(HostKeyError::Stopped);
+    if let Err(e) = crate::sys::secure_random_bytes(&mut probe) {
+        if let Some(tx) = &fast {
+            let _ = tx.send(Err(HostKeyError::Entropy(e)));
+        }
+        return Err(HostKeyError::Entropy(e));
+    }
+    let mut g = Generated {
+        keys: Vec::new(),
+        took: Vec::new(),
+        entropy_wait: t.elapsed(),
+        seeded,
+        pending: Vec::new(),
+    };
+    // the fast ones first, in the order the fingerprint block lists them
+    for kind in [KeyType::Ecdsa, KeyType::Ed25519] {
+        if !types.contains(&kind) {
+            continue;
         }
         let t = Instant::now();
         let err = HostKeyError::key(kind);
         let key = match kind {
-            KeyType::Rsa => {
-                let pair = race_rsa(control, raised.get())?;
-                PrivateKey::new(KeypairData::Rsa(pair), "").map_err(err)?
-            }
             KeyType::Ecdsa => {
                 let pair = EcdsaKeypair::random(&mut Crng, EcdsaCurve::NistP256).map_err(err)?;
                 PrivateKey::new(KeypairData::Ecdsa(pair), "").map_err(err)?
             }
-            KeyType::Ed25519 => {
+            _ => {
                 let pair = Ed25519Keypair::random(&mut Crng);
                 PrivateKey::new(KeypairData::Ed25519(pair), "").map_err(err)?
             }
         };
-        took.push((kind, t.elapsed()));
-        keys.push((kind, key));
+        g.took.push((kind, t.elapsed()));
+        g.keys.push((kind, key));
     }
-    Ok(Generated {
-        keys,
-        took,
-        entropy_wait,
-        seeded,
-    })
+    if let Some(tx) = fast {
+        let _ = tx.send(Ok(g));
+        g = Generated {
+            keys: Vec::new(),
+            took: Vec::new(),
+            entropy_wait: Duration::ZERO,
+            seeded: None,
+            pending: Vec::new(),
+        };
+    }
+    if types.contains(&KeyType::Rsa) {
+        if control.stop_here(&raised) {
+            return Err(HostKeyError::Stopped);
+        }
+        let t = Instant::now();
+        let pair = race_rsa(control, raised.get())?;
+        let key =
+            PrivateKey::new(KeypairData::Rsa(pair), "").map_err(HostKeyError::key(KeyType::Rsa))?;
+        g.took.push((KeyType::Rsa, t.elapsed()));
+        g.keys.insert(0, (KeyType::Rsa, key));
+    }
+    Ok(g)
+}
+
+/// One RSA key, made now on the calling thread (and racers beside it): the process that
+/// finishes it after the handover ([`later`]).
+pub(crate) fn rsa_now() -> Result<PrivateKey, HostKeyError> {
+    let pair = race_rsa(&Control::new(Control::AWAITED), true)?;
+    PrivateKey::new(KeypairData::Rsa(pair), "").map_err(HostKeyError::key(KeyType::Rsa))
 }
 
 /// RSA key generation is a prime search (`prime`) whose time varies several-fold from run to
@@ -393,7 +464,7 @@ pub fn install(
 }
 
 /// One line as `ssh-keygen -l -f KEY.pub` prints it: `256 SHA256:… root@vm (ED25519)`.
-fn fingerprint_line(kind: KeyType, key: &PrivateKey, comment: &str) -> String {
+pub(crate) fn fingerprint_line(kind: KeyType, key: &PrivateKey, comment: &str) -> String {
     let (bits, label) = kind.bits_label();
     format!(
         "{bits} {} {comment} ({label})",
@@ -428,19 +499,21 @@ mod tests {
         ] {
             std::fs::write(ssh.join(f), "image\n").unwrap();
         }
-        let g = generate(Path::new("/nonexistent")).unwrap();
+        let g = generate(Path::new("/nonexistent"), &KeyType::ALL).unwrap();
         assert_eq!(g.seeded, None);
+        // RSA is left for after the handover
+        assert_eq!(g.pending, [KeyType::Rsa]);
         let lines = install(&Sysroot::new(&d), g, "vm-1").unwrap();
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 2);
         let re_shape = |l: &str, bits: &str, label: &str| {
             l.starts_with(&format!("{bits} SHA256:"))
                 && l.ends_with(&format!(" root@vm-1 ({label})"))
         };
-        assert!(re_shape(&lines[0], "3072", "RSA"), "{}", lines[0]);
-        assert!(re_shape(&lines[1], "256", "ECDSA"), "{}", lines[1]);
-        assert!(re_shape(&lines[2], "256", "ED25519"), "{}", lines[2]);
+        assert!(re_shape(&lines[0], "256", "ECDSA"), "{}", lines[0]);
+        assert!(re_shape(&lines[1], "256", "ED25519"), "{}", lines[1]);
         use std::os::unix::fs::MetadataExt;
         let names = crate::sys::sorted_names(&ssh);
+        // the image's keys are gone, its rsa key too: sshd starts with the new ones only
         assert_eq!(
             names,
             [
@@ -448,12 +521,10 @@ mod tests {
                 "ssh_host_ecdsa_key.pub",
                 "ssh_host_ed25519_key",
                 "ssh_host_ed25519_key.pub",
-                "ssh_host_rsa_key",
-                "ssh_host_rsa_key.pub",
                 "sshd_config"
             ]
         );
-        for kind in KeyType::ALL {
+        for kind in [KeyType::Ecdsa, KeyType::Ed25519] {
             let p = ssh.join(format!("ssh_host_{}_key", kind.name()));
             let private = std::fs::read_to_string(&p).unwrap();
             assert!(private.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----\n"));
@@ -477,14 +548,38 @@ mod tests {
 
     #[test]
     fn a_generation_dropped_before_its_keys_stops() {
-        let r = generate_with(Path::new("/nonexistent"), &Control::new(Control::STOP));
+        let r = generate_with(
+            Path::new("/nonexistent"),
+            &Control::new(Control::STOP),
+            &KeyType::ALL,
+            None,
+        );
         assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
 
-        let mut k = Keygen::start("/nonexistent".into());
+        let mut k = Keygen::start("/nonexistent".into(), &KeyType::ALL);
         let thread = k.thread.take().unwrap();
         drop(k);
         let r = thread.join().unwrap();
         assert!(matches!(r, Err(HostKeyError::Stopped)), "{:?}", r.err());
+    }
+
+    #[test]
+    fn join_takes_the_fast_keys_without_waiting_for_rsa() {
+        let k = Keygen::start("/nonexistent".into(), &KeyType::ALL);
+        let g = k.join().unwrap();
+        let kinds: Vec<KeyType> = g.keys.iter().map(|(k, _)| *k).collect();
+        // either the search ended already (then RSA is there) or it is pending, never both
+        match g.pending.as_slice() {
+            [KeyType::Rsa] => assert_eq!(kinds, [KeyType::Ecdsa, KeyType::Ed25519]),
+            [] => assert!(kinds.contains(&KeyType::Rsa)),
+            other => panic!("{other:?}"),
+        }
+        // an image that wants no RSA key gets none, and none is pending
+        let g = Keygen::start("/nonexistent".into(), &[KeyType::Ed25519])
+            .join()
+            .unwrap();
+        assert_eq!(g.keys.len(), 1);
+        assert!(g.pending.is_empty());
     }
 
     #[test]
@@ -512,7 +607,12 @@ mod tests {
         // start) leaves its caller's priority alone; stopped, so it ends before any search
         std::thread::spawn(|| {
             background_priority();
-            let r = generate_with(Path::new("/nonexistent"), &Control::new(Control::STOP));
+            let r = generate_with(
+                Path::new("/nonexistent"),
+                &Control::new(Control::STOP),
+                &KeyType::ALL,
+                None,
+            );
             assert!(matches!(r, Err(HostKeyError::Stopped)));
             assert_eq!(policy(), libc::SCHED_IDLE as u32);
         })
@@ -524,7 +624,7 @@ mod tests {
     fn a_root_without_sshd_gets_no_keys() {
         let d = std::env::temp_dir().join(format!("azprov-nossh-{}", std::process::id()));
         std::fs::create_dir_all(d.join("etc")).unwrap();
-        let g = generate(Path::new("/nonexistent")).unwrap();
+        let g = generate(Path::new("/nonexistent"), &KeyType::ALL).unwrap();
         assert!(install(&Sysroot::new(&d), g, "vm").unwrap().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }

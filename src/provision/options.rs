@@ -43,6 +43,8 @@ pub struct Options {
     pub remount: bool,
     /// New SSH host keys for a new VM (`azprov.hostkeys=keep` / `--keep-host-keys`: false).
     pub host_keys: bool,
+    /// Which host key types (`azprov.hostkeytypes=`).
+    pub host_key_types: Vec<super::hostkeys::KeyType>,
     /// PID 1: the module loader, perhaps still loading (the network waits for it, the media
     /// stage when no CD drive is there yet), and loading a CD filesystem's module on demand
     /// (iso9660). Hook mode: none.
@@ -88,6 +90,11 @@ impl Options {
             cdrom_settle: CDROM_SETTLE,
             remount: mode == Mode::Hook,
             host_keys: cfg.host_keys,
+            host_key_types: cfg
+                .host_key_types
+                .iter()
+                .filter_map(|t| super::hostkeys::KeyType::parse(t))
+                .collect(),
             modules: OnDemand::default(),
             record_dir: Some(super::record::RUN_DIR.into()),
         }

@@ -4,8 +4,8 @@
 use super::hostkeys::{self, Keygen};
 use super::options::Options;
 use super::stages::{
-    install_host_keys, network, prepare_network, record_report, release_network, report,
-    report_deadline, wireserver_addr, writable,
+    finish_host_keys_later, install_host_keys, network, prepare_network, record_report,
+    release_network, report, report_deadline, wireserver_addr, writable,
 };
 use super::state::{Acked, State};
 use super::summary::Summary;
@@ -28,6 +28,20 @@ pub(super) fn finish_provisioned(
     let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
     let keys =
         opts.host_keys && !(state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id);
+    // keys made for this VM whose RSA key a boot cut short never finished
+    let rsa_owed = opts.host_keys
+        && !keys
+        && opts.host_key_types.contains(&hostkeys::KeyType::Rsa)
+        && hostkeys::later::missing(root);
+    if rsa_owed {
+        log::info!(
+            "host keys: the rsa key of this VM was never finished; making it after the handover"
+        );
+        s.hostname = state.hostname.clone();
+        s.host_keys = state.host_keys.clone();
+        s.host_keys_pending = vec![hostkeys::KeyType::Rsa.name()];
+        finish_host_keys_later(root, s, true);
+    }
     if !resend && !keys {
         return;
     }
@@ -40,7 +54,10 @@ pub(super) fn finish_provisioned(
     if keys {
         log::info!("host keys: none made for this VM yet; making them");
         s.hostname = state.hostname.clone();
-        let generated = keygen.map_or_else(|| hostkeys::generate(&opts.sys), Keygen::join);
+        let generated = keygen.map_or_else(
+            || hostkeys::generate(&opts.sys, &opts.host_key_types),
+            Keygen::join,
+        );
         install_host_keys(root, generated, s);
         if !s.host_keys.is_empty() {
             state.host_keys = s.host_keys.clone();
@@ -51,6 +68,9 @@ pub(super) fn finish_provisioned(
         if let Err(e) = state.save(root) {
             log::warn!("cannot write the state: {e}");
         }
+    }
+    if keys {
+        finish_host_keys_later(root, s, true);
     }
 }
 

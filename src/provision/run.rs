@@ -7,8 +7,8 @@ use super::merge::merge;
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
 use super::stages::{
-    install_host_keys, ms, network, prepare_network, record_report, release_network, report,
-    report_deadline, wireserver_addr, writable, Stage,
+    finish_host_keys_later, install_host_keys, ms, network, prepare_network, record_report,
+    release_network, report, report_deadline, wireserver_addr, writable, Stage,
 };
 use super::state::{Acked, State};
 pub use super::summary::{Report, Summary};
@@ -140,7 +140,7 @@ fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Fail
 /// had idle CPU only.
 pub fn early_keygen(opts: &Options) -> Option<Keygen> {
     let may_provision = !opts.disable && (opts.force || platform::is_azure(&opts.dmi));
-    (opts.host_keys && may_provision).then(|| Keygen::start(opts.sys.clone()))
+    (opts.host_keys && may_provision).then(|| Keygen::start(opts.sys.clone(), &opts.host_key_types))
 }
 
 /// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of
@@ -188,8 +188,12 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         if opts.host_keys && super::hostkeys::none_in(root) {
             log::info!("host keys: the root has none; making them (no network needed)");
             let _writable = writable(opts);
-            let generated = keygen.map_or_else(|| hostkeys::generate(&opts.sys), Keygen::join);
+            let generated = keygen.map_or_else(
+                || hostkeys::generate(&opts.sys, &opts.host_key_types),
+                Keygen::join,
+            );
             install_host_keys(root, generated, &mut s);
+            finish_host_keys_later(root, &s, false);
         }
         s.timings_ms.total = ms(t0.elapsed());
         return s;
@@ -225,7 +229,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
     let keygen = opts.host_keys.then(|| {
         keygen
             .take()
-            .unwrap_or_else(|| Keygen::start(opts.sys.clone()))
+            .unwrap_or_else(|| Keygen::start(opts.sys.clone(), &opts.host_key_types))
     });
 
     // The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
@@ -376,6 +380,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
     if let Err(e) = saved {
         log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
     }
+    finish_host_keys_later(root, &s, true);
     s
 }
 

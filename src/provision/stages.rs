@@ -275,6 +275,7 @@ pub(super) fn install_host_keys(
     let t = Instant::now();
     let hostname = s.hostname.clone().unwrap_or_else(|| "localhost".into());
     let result = generated.and_then(|g| {
+        s.host_keys_pending = g.pending.iter().map(|k| k.name()).collect();
         let took: Vec<String> = g
             .took
             .iter()
@@ -304,7 +305,29 @@ pub(super) fn install_host_keys(
             crate::logger::console_lines(&hostkeys::fingerprint_block(&lines));
             s.host_keys = lines;
         }
-        Err(e) => log::error!("host keys: {e}; the image's keys stay"),
+        Err(e) => {
+            s.host_keys_pending.clear();
+            log::error!("host keys: {e}; the image's keys stay");
+        }
+    }
+}
+
+/// The host keys left for after the handover (RSA, [`hostkeys::later`]): their process
+/// started, once everything else of the run is on disk (`state`: it adds to state.json).
+pub(super) fn finish_host_keys_later(root: &Sysroot, s: &Summary, state: bool) {
+    if s.host_keys_pending.is_empty() {
+        return;
+    }
+    let hostname = s.hostname.clone().unwrap_or_else(|| "localhost".into());
+    match hostkeys::later::spawn(root, &hostname, &s.host_keys, state) {
+        Ok(pid) => log::info!(
+            "host keys: {} made after the handover (pid {pid}); nothing waits for it",
+            s.host_keys_pending.join(", ")
+        ),
+        Err(e) => log::warn!(
+            "host keys: cannot start making {} after the handover: {e}",
+            s.host_keys_pending.join(", ")
+        ),
     }
 }
 

@@ -51,6 +51,8 @@ pub struct Summary {
     pub hint: Option<&'static str>,
     /// `ssh-keygen -l` lines of the host keys made in this run.
     pub host_keys: Vec<String>,
+    /// Host key types made after the handover (`rsa`), not in `host_keys` yet.
+    pub host_keys_pending: Vec<&'static str>,
     pub timings_ms: Timings,
 }
 
@@ -82,6 +84,7 @@ impl Summary {
             stage: None,
             hint: None,
             host_keys: Vec::new(),
+            host_keys_pending: Vec::new(),
             timings_ms: Timings::default(),
         }
     }

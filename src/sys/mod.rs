@@ -3,6 +3,7 @@
 //! everywhere else (Cargo.toml `[lints.rust]`); this module alone allows it.
 #![allow(unsafe_code)]
 
+pub mod at;
 pub mod kernel;
 pub mod kmod;
 pub mod mount;

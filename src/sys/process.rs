@@ -51,6 +51,69 @@ pub fn background_priority() {
     set_nice(19);
 }
 
+/// A process that must not slow the boot it runs beside but must not starve either (the RSA
+/// host key after the handover): the normal policy, nice 10.
+pub fn modest_priority() {
+    set_policy(libc::SCHED_OTHER);
+    set_nice(10);
+}
+
+/// Starts `program` as a process of its own session with `argv0`, `args`, stdin and stdout
+/// on /dev/null, stderr on `stderr`, and each `(file, n)` of `fds` as its descriptor `n`
+/// (n >= 3). Nothing waits for it: it outlives this process (and PID 1's exec of the real
+/// init). Its pid.
+pub fn spawn_detached(
+    program: &std::path::Path,
+    argv0: &str,
+    args: &[String],
+    stderr: std::fs::File,
+    fds: &[(&std::fs::File, i32)],
+) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let pairs: Vec<(i32, i32)> = fds.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg0(argv0)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    // SAFETY: the closure runs in the child between fork and exec and calls only setsid and
+    // dup2, which are async-signal-safe, on descriptors the parent holds open; it allocates
+    // nothing. dup2 leaves the new descriptor without FD_CLOEXEC, so it survives the exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            for &(from, to) in &pairs {
+                if libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().map(|c| c.id())
+}
+
+/// Descriptor `n` as handed down by the process that started this one ([`spawn_detached`]),
+/// when it is open; taken over (closed when the File drops). Call once per descriptor.
+pub fn inherited(n: i32) -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) only asks whether the descriptor is open.
+    if unsafe { libc::fcntl(n, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor is open and was handed to this process for this use only; the
+    // caller takes it once, so nothing else owns it.
+    Some(unsafe { std::fs::File::from_raw_fd(n) })
+}
+
+/// SIGHUP to `pid` (a daemon's reload: sshd re-executes and reads its host keys again).
+pub fn hangup(pid: i32) -> Result<(), Errno> {
+    // SAFETY: kill(2) takes plain integers; the result is checked.
+    Errno::result(unsafe { libc::kill(pid, libc::SIGHUP) }).map(drop)
+}
+
 /// Back to the normal policy and nice 0 for the calling thread: what it does is now awaited
 /// (the host keys once the run joins their thread), and other work must not starve it.
 pub fn normal_priority() {

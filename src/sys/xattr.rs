@@ -46,3 +46,21 @@ pub fn lget(path: &Path, name: &str) -> Result<Option<Vec<u8>>, Errno> {
         Err(e) => Err(e),
     }
 }
+
+/// fsetxattr(2): sets `name` on the open file `file`.
+pub fn fset(file: &std::fs::File, name: &str, value: &[u8]) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let n = CString::new(name).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: the descriptor is open for the whole call (borrowed from `file`), the name is
+    // NUL-terminated and lives across the call; `value` is a valid slice the kernel only reads.
+    let rc = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    Errno::result(rc).map(drop)
+}

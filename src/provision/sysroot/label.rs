@@ -82,6 +82,13 @@ impl Sysroot {
         }
     }
 
+    /// The label a file at `path` (as the root sees it) gets, for a writer that is not the
+    /// sysroot (the RSA host key made after the handover). None without SELinux.
+    pub fn label_of(&self, path: &str, kind: u32) -> Option<Vec<u8>> {
+        let target = self.resolve(path).ok()?;
+        self.label_for(&target, kind)
+    }
+
     /// Gives `path` the label `label_for(as_path, kind)` (a temporary is labelled as the file
     /// it becomes).
     pub(super) fn label_as(

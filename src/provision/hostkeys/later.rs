@@ -1,0 +1,320 @@
+//! The RSA host key, finished after the handover. ed25519 and ECDSA keys take milliseconds and
+//! are in place before the real init starts; an RSA-3072 search takes seconds under emulation
+//! and on small VMs, and no sshd needs it to start. So the real init never waits for it: a
+//! process of its own (`azprov __host-key-rsa`, started here, argv[0] `@azprov-hostkey` so a
+//! systemd initrd leaves it running across switch-root) makes it and writes it through
+//! directory handles opened before the handover, which still name the real root's /etc/ssh
+//! and /var/lib/azprov wherever switch_root moves them. Then:
+//! - the key is only ever added: the keys a client may have seen stay (OpenSSH clients learn
+//!   added host keys);
+//! - a read-only root (the booted system remounts it read-write early) is waited for;
+//! - an sshd already running is sent SIGHUP (it re-executes and loads every key); one that
+//!   starts later reads it from the start. sshd never starts with no key: the fast ones are
+//!   there;
+//! - state.json gets its fingerprint, and the console a fingerprint block with every key;
+//! - a boot cut short before it finished makes it on the next boot (the reboot path looks for
+//!   the file).
+
+use super::{fingerprint_block, fingerprint_line, rsa_now, KeyType, SSH_DIR};
+use crate::provision::state::State;
+use crate::provision::sysroot::{Sysroot, STATE_DIR};
+use ssh_key::LineEnding;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::fchown;
+use std::time::{Duration, Instant};
+
+/// The hidden subcommand the helper runs as.
+pub const COMMAND: &str = "__host-key-rsa";
+const ARGV0: &str = "@azprov-hostkey";
+/// The descriptors the helper gets: /etc/ssh, /run, and /var/lib/azprov when there is state.
+const SSH_FD: i32 = 3;
+const RUN_FD: i32 = 4;
+const STATE_FD: i32 = 5;
+/// How long a read-only root is waited for, and how often it is tried.
+const WRITABLE_WAIT: Duration = Duration::from_secs(900);
+const WRITABLE_POLL: Duration = Duration::from_millis(250);
+/// When sshd's pid file is looked for after the key is in place (an sshd that started in
+/// between has read it, and a SIGHUP to it is harmless).
+const SSHD_LOOKS: [u64; 3] = [0, 2, 10];
+const KEY: &str = "ssh_host_rsa_key";
+
+/// Whether the RSA key of this root is still to make: RSA wanted, an sshd config, no key file.
+pub fn missing(root: &Sysroot) -> bool {
+    root.exists(&format!("{SSH_DIR}/sshd_config")) && !root.exists(&format!("{SSH_DIR}/{KEY}"))
+}
+
+/// Starts the helper for `root` (comment `root@hostname`; `fast` are the fingerprint lines of
+/// the keys in place already, for the block it prints; `state`: add the fingerprint to
+/// state.json). Its pid.
+pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> std::io::Result<u32> {
+    let open = |path: &str| {
+        root.resolve(path)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(File::open)
+    };
+    let ssh = open(SSH_DIR)?;
+    let run = File::open("/run").or_else(|_| File::open("/"))?;
+    let state_dir = if state { Some(open(STATE_DIR)?) } else { None };
+    let console = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/console")
+        .or_else(|_| File::options().write(true).open("/dev/null"))?;
+    let hex = |label: Option<Vec<u8>>| {
+        label.map(|l| l.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    };
+    let mut args = vec![
+        COMMAND.to_string(),
+        "--comment".into(),
+        format!("root@{hostname}"),
+    ];
+    let labels = [
+        (
+            "--label-key",
+            root.label_of(&format!("{SSH_DIR}/{KEY}"), libc::S_IFREG),
+        ),
+        (
+            "--label-pub",
+            root.label_of(&format!("{SSH_DIR}/{KEY}.pub"), libc::S_IFREG),
+        ),
+        (
+            "--label-state",
+            root.label_of(&format!("{STATE_DIR}/state.json"), libc::S_IFREG),
+        ),
+    ];
+    for (flag, label) in labels {
+        if let Some(h) = hex(label) {
+            args.extend([flag.to_string(), h]);
+        }
+    }
+    for line in fast {
+        args.extend(["--line".to_string(), line.clone()]);
+    }
+    let mut fds = vec![(&ssh, SSH_FD), (&run, RUN_FD)];
+    if let Some(d) = &state_dir {
+        fds.push((d, STATE_FD));
+    }
+    let exe = std::path::Path::new("/proc/self/exe");
+    crate::sys::process::spawn_detached(exe, ARGV0, &args, console, &fds)
+}
+
+/// The helper's entry (`azprov __host-key-rsa`, started by [`spawn`]): the job from its
+/// arguments, the directories from its descriptors.
+pub fn main(job: &Job) -> Result<(), String> {
+    let ssh = crate::sys::process::inherited(SSH_FD).ok_or("no /etc/ssh handle")?;
+    let run_dir = crate::sys::process::inherited(RUN_FD);
+    let state = crate::sys::process::inherited(STATE_FD);
+    run(job, &ssh, run_dir.as_ref(), state.as_ref()).map(drop)
+}
+
+/// What the helper was told.
+#[derive(Debug, Default)]
+pub struct Job {
+    pub comment: String,
+    pub label_key: Option<Vec<u8>>,
+    pub label_pub: Option<Vec<u8>>,
+    pub label_state: Option<Vec<u8>>,
+    pub lines: Vec<String>,
+}
+
+/// The helper: makes the key, writes it into `ssh` (a handle on the root's /etc/ssh), adds
+/// its fingerprint to state.json in `state`, reloads an sshd whose pid file is in `run`, and
+/// prints the fingerprint block. Errors are logged; the image's other keys stay either way.
+pub fn run(
+    job: &Job,
+    ssh: &File,
+    run: Option<&File>,
+    state: Option<&File>,
+) -> Result<String, String> {
+    crate::sys::process::modest_priority();
+    let t = Instant::now();
+    let mut key = rsa_now().map_err(|e| e.to_string())?;
+    key.set_comment(&job.comment);
+    let took = t.elapsed();
+    let private = key.to_openssh(LineEnding::LF).map_err(|e| e.to_string())?;
+    let public = key.public_key().to_openssh().map_err(|e| e.to_string())?;
+    let line = fingerprint_line(KeyType::Rsa, &key, &job.comment);
+    let deadline = Instant::now() + WRITABLE_WAIT;
+    write_at(
+        ssh,
+        KEY,
+        private.as_bytes(),
+        0o600,
+        job.label_key.as_deref(),
+        deadline,
+    )?;
+    write_at(
+        ssh,
+        &format!("{KEY}.pub"),
+        format!("{public}\n").as_bytes(),
+        0o644,
+        job.label_pub.as_deref(),
+        deadline,
+    )?;
+    ssh.sync_all().map_err(|e| format!("fsync /etc/ssh: {e}"))?;
+    log::info!(
+        "host keys: rsa made in {} ms and written to {SSH_DIR}",
+        took.as_millis()
+    );
+    if let Some(dir) = state {
+        if let Err(e) = add_to_state(dir, &line, job.label_state.as_deref(), deadline) {
+            log::warn!("host keys: state.json: {e}");
+        }
+    }
+    if let Some(run) = run {
+        reload_sshd(run);
+    }
+    let mut lines = job.lines.clone();
+    lines.insert(0, line.clone());
+    crate::logger::console_lines(&fingerprint_block(&lines));
+    Ok(line)
+}
+
+/// `data` as `name` in `dir`, atomically (a temporary beside it, owner root, `mode`, the
+/// SELinux `label`, fsynced, renamed); a read-only filesystem is waited for until `deadline`.
+fn write_at(
+    dir: &File,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    label: Option<&[u8]>,
+    deadline: Instant,
+) -> Result<(), String> {
+    let tmp = format!(".{name}.azprov-tmp");
+    let _ = crate::sys::at::remove(dir, &tmp);
+    let mut f = loop {
+        match crate::sys::at::create_new(dir, &tmp, mode) {
+            Ok(f) => break f,
+            Err(nix::errno::Errno::EROFS) if Instant::now() < deadline => {
+                std::thread::sleep(WRITABLE_POLL);
+            }
+            Err(e) => return Err(format!("create {tmp}: {e}")),
+        }
+    };
+    let result = (|| {
+        f.write_all(data).map_err(|e| format!("write {tmp}: {e}"))?;
+        fchown(&f, Some(0), Some(0)).map_err(|e| format!("chown {tmp}: {e}"))?;
+        if let Some(l) = label {
+            crate::sys::xattr::fset(&f, "security.selinux", l)
+                .map_err(|e| format!("label {tmp}: {e}"))?;
+        }
+        f.sync_all().map_err(|e| format!("fsync {tmp}: {e}"))?;
+        crate::sys::at::rename(dir, &tmp, name).map_err(|e| format!("rename {tmp}: {e}"))
+    })();
+    if result.is_err() {
+        let _ = crate::sys::at::remove(dir, &tmp);
+    }
+    result
+}
+
+/// state.json with `line` among its host keys (once).
+fn add_to_state(
+    dir: &File,
+    line: &str,
+    label: Option<&[u8]>,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut bytes = Vec::new();
+    crate::sys::at::open(dir, "state.json", nix::fcntl::OFlag::O_RDONLY, 0)
+        .map_err(|e| format!("open: {e}"))?
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("read: {e}"))?;
+    let mut state: State = serde_json::from_slice(&bytes).map_err(|e| format!("parse: {e}"))?;
+    if state.host_keys.iter().any(|l| l == line) {
+        return Ok(());
+    }
+    state.host_keys.insert(0, line.to_string());
+    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
+    write_at(dir, "state.json", &json, 0o600, label, deadline)?;
+    dir.sync_all().map_err(|e| format!("fsync: {e}"))
+}
+
+/// SIGHUP to the sshd whose pid `run`'s sshd.pid names, looked for a few times.
+fn reload_sshd(run: &File) {
+    let start = Instant::now();
+    for at in SSHD_LOOKS {
+        if let Some(wait) = Duration::from_secs(at).checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let Ok(mut f) = crate::sys::at::open(run, "sshd.pid", nix::fcntl::OFlag::O_RDONLY, 0)
+        else {
+            continue;
+        };
+        let mut text = String::new();
+        let _ = f.read_to_string(&mut text);
+        let Ok(pid) = text.trim().parse::<i32>() else {
+            continue;
+        };
+        match crate::sys::process::hangup(pid) {
+            Ok(()) => log::info!("host keys: sshd (pid {pid}) reloaded to offer the rsa key"),
+            Err(e) => log::warn!("host keys: SIGHUP to sshd (pid {pid}): {e}"),
+        }
+        return;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rsa_key_is_added_through_handles_and_the_state_gets_its_fingerprint() {
+        let d = std::env::temp_dir().join(format!("azprov-later-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (ssh, state) = (d.join("etc/ssh"), d.join("var/lib/azprov"));
+        std::fs::create_dir_all(&ssh).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(ssh.join("ssh_host_ed25519_key"), "ours\n").unwrap();
+        let st = State {
+            host_keys: vec!["256 SHA256:x root@vm (ED25519)".into()],
+            ..State::default()
+        };
+        std::fs::write(state.join("state.json"), serde_json::to_vec(&st).unwrap()).unwrap();
+        let job = Job {
+            comment: "root@vm".into(),
+            ..Job::default()
+        };
+        let (ssh_fd, state_fd) = (File::open(&ssh).unwrap(), File::open(&state).unwrap());
+        // the directories move away, as switch_root moves the root: the handles still name them
+        let moved = d.join("moved");
+        std::fs::rename(d.join("etc"), &moved).unwrap();
+        let line = run(&job, &ssh_fd, None, Some(&state_fd)).unwrap();
+        assert!(
+            line.starts_with("3072 SHA256:") && line.ends_with(" root@vm (RSA)"),
+            "{line}"
+        );
+        let key = std::fs::read_to_string(moved.join("ssh/ssh_host_rsa_key")).unwrap();
+        assert!(key.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"));
+        let public = std::fs::read_to_string(moved.join("ssh/ssh_host_rsa_key.pub")).unwrap();
+        assert!(public.starts_with("ssh-rsa ") && public.ends_with(" root@vm\n"));
+        assert_eq!(
+            std::fs::read_to_string(moved.join("ssh/ssh_host_ed25519_key")).unwrap(),
+            "ours\n"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(moved.join("ssh/ssh_host_rsa_key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let after: State =
+            serde_json::from_slice(&std::fs::read(state.join("state.json")).unwrap()).unwrap();
+        assert_eq!(
+            after.host_keys,
+            [line.clone(), "256 SHA256:x root@vm (ED25519)".into()]
+        );
+        // nothing left behind
+        let names: Vec<_> = std::fs::read_dir(moved.join("ssh"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().contains("azprov-tmp")),
+            "{names:?}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
