@@ -347,7 +347,7 @@ fn generate_with(
 
 /// One RSA key, made now on the calling thread (and racers beside it): the process that
 /// finishes it after the handover ([`later`]).
-pub(crate) fn rsa_now() -> Result<PrivateKey, HostKeyError> {
+pub fn rsa_now() -> Result<PrivateKey, HostKeyError> {
     let pair = race_rsa(&Control::new(Control::AWAITED), true)?;
     PrivateKey::new(KeypairData::Rsa(pair), "").map_err(HostKeyError::key(KeyType::Rsa))
 }
