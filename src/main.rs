@@ -23,7 +23,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| azprov::cli::run(&args)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("azprov: {e}");
+            eprintln!("azprov: {}", azprov::logger::errno_names(&e.to_string()));
             ExitCode::from(e.exit_code() as u8)
         }
         Err(_) => ExitCode::from(1),

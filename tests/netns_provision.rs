@@ -1158,6 +1158,12 @@ fn status_tells_the_truth_after_disabled_off_azure_failed_and_ready_runs() {
     let (o, v) = provision(&net, &root, &["--run-dir", rd]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(v["report"], "ready", "{v}");
+    // the report's failure is mended: no reason left
+    let o = status(&["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["reason"], Value::Null, "{st}");
+    assert_eq!(st["report"], "ready");
     let o = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(common::bin())

@@ -125,8 +125,9 @@ pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> S
     }
     head.extend(failure.extra.iter().map(|(k, v)| (*k, v.as_str())));
     // the cause, as the log gives it (never a secret), for every reason
-    if !failure.detail.is_empty() && !failure.extra.iter().any(|(k, _)| *k == "detail") {
-        head.push(("detail", failure.detail.as_str()));
+    let detail = crate::logger::errno_names(&failure.detail);
+    if !detail.is_empty() && !failure.extra.iter().any(|(k, _)| *k == "detail") {
+        head.push(("detail", detail.as_str()));
     }
     let tail = format!(
         "|{}",

@@ -56,7 +56,7 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
             .map(str::to_string)
     };
     let (state, state_unreadable) = match root.read(&format!("{STATE_DIR}/{}", "state.json")) {
-        Err(e) => (None, Some(e.to_string())),
+        Err(e) => (None, Some(crate::logger::errno_names(&e.to_string()))),
         Ok(_) => (State::load(&root), None),
     };
     let marker = root.read_marker();

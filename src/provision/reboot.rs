@@ -25,6 +25,8 @@ pub(super) fn finish_provisioned(
 ) {
     let mut state = State::load(root).unwrap_or_default();
     let vm_id = root.read_marker();
+    s.hostname = state.hostname.clone();
+    s.username = state.username.clone();
     let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
     let keys =
         opts.host_keys && !(state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id);
@@ -50,6 +52,10 @@ pub(super) fn finish_provisioned(
     if resend && resend_ready(opts, state.hostname.as_deref(), s) {
         state.report = Some(Acked::Ready);
         state.reported_at = Some(crate::time::now_rfc3339());
+        // the failure was the report's own, and it is mended
+        state.reason = None;
+        state.cause = None;
+        state.stage = None;
     }
     if keys {
         log::info!("host keys: none made for this VM yet; making them");

@@ -96,7 +96,7 @@ impl Summary {
             return;
         }
         self.reason = Some(f.reason);
-        self.cause = Some(f.to_string());
+        self.cause = Some(crate::logger::errno_names(&f.to_string()));
         self.stage = f.stage;
         self.hint = f.reason.hint();
         if let Some(h) = self.hint {
