@@ -847,6 +847,7 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
             "report",
             "reported_at",
             "schema",
+            "scripts",
             "stage",
             "state_unreadable",
             "this_boot",

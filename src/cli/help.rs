@@ -138,6 +138,15 @@ pub const COMMANDS: &[Command] = &[
         ],
     },
     Command {
+        name: "run-scripts",
+        synopsis: &["azprov run-scripts [--root DIR]"],
+        about:
+            "Run custom data and user data that start with #! once per VM, as root, in the booted \
+                system (azprov-scripts.service does, after the network is online); other formats \
+                are left alone. /etc/azprov/no-scripts turns it off.",
+        flags: &[v("root", "DIR", "the root whose data runs (default /)")],
+    },
+    Command {
         name: "ovf",
         synopsis: &["azprov ovf FILE | --device DEV [--json]"],
         about:

@@ -30,6 +30,7 @@ usage:
   azprov status [--root DIR] [--json]      what azprov recorded: provisioned? reported?
   azprov clean [--root DIR] [--user] [--machine-id] [--dry-run] [--json]
                                            prepare the image for capture
+  azprov run-scripts [--root DIR]          run #! custom data / user data once per VM
   azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
@@ -90,6 +91,7 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         "provision" => provision::cmd_provision(rest),
         "report" => report::cmd_report(rest),
         "status" => status::cmd_status(rest),
+        "run-scripts" => run_scripts(rest),
         "clean" => clean::cmd_clean(rest),
         "version" | "--version" | "-V" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
@@ -106,6 +108,18 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
             "unknown command {other:?} (azprov --help lists them)"
         ))),
     }
+}
+
+fn run_scripts(args: &[String]) -> Result<(), CliError> {
+    let a = Args::for_command(args, "run-scripts")?;
+    a.no_positionals()?;
+    let root = crate::provision::sysroot::Sysroot::new(a.value("root")?.unwrap_or("/"));
+    let said = crate::provision::scripts::run_once(&root, &crate::provision::scripts::execute)
+        .map_err(|e| CliError::Failed(format!("run-scripts: {e}")))?;
+    for line in said {
+        log::info!("{line}");
+    }
+    Ok(())
 }
 
 fn host_key_rsa(args: &[String]) -> Result<(), CliError> {

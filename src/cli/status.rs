@@ -34,6 +34,8 @@ struct Status {
     host_keys: Vec<String>,
     timings_ms: Option<Timings>,
     log: String,
+    /// The #! custom data / user data run for this VM (`azprov run-scripts`), by source.
+    scripts: std::collections::BTreeMap<String, crate::provision::scripts::Ran>,
     /// Why the state could not be read (not root: /var/lib/azprov is 0700), if so.
     state_unreadable: Option<String>,
 }
@@ -105,6 +107,9 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
             .as_ref()
             .map_or_else(|| LOG_FILE.to_string(), |b| b.log.clone()),
         state_unreadable,
+        scripts: crate::provision::scripts::Record::load(&root)
+            .map(|r| r.ran)
+            .unwrap_or_default(),
     };
     if a.has("json") {
         print_json(&st)?;
@@ -166,6 +171,14 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
         println!(
             "timings (ms):   media {} dhcp {} imds {} write {} report {} host keys {} total {}",
             t.media, t.dhcp, t.imds, t.write, t.report, t.host_keys, t.total
+        );
+    }
+    for (source, r) in &st.scripts {
+        println!(
+            "script:         {source}: started {}, {}",
+            r.started_at,
+            r.exit
+                .map_or("not seen to finish".into(), |e| format!("exit {e}"))
         );
     }
     println!("log:            {} (and journalctl -t azprov -b)", st.log);

@@ -11,6 +11,7 @@ pub mod options;
 pub mod reboot;
 pub mod record;
 pub mod run;
+pub mod scripts;
 pub mod selinux;
 pub mod stages;
 pub mod state;

@@ -1,0 +1,272 @@
+//! Custom data and user data that are scripts, run once per VM in the booted system
+//! (`azprov run-scripts`, from the unit `azprov-scripts.service` the package ships: after the
+//! network is online, before multi-user.target). What cloud-init and waagent do for `#!`
+//! custom data, and nothing more: only data starting with `#!` runs; `#cloud-config` and other
+//! formats are said to be left alone, in one line. A script runs as root, its output in the
+//! journal under the unit's identifier `azprov`, its exit status recorded in
+//! `/var/lib/azprov/scripts.json` (which `azprov status` shows). It never runs twice for one
+//! VM id (the start is recorded, durably, before it runs, so a crash or a reboot during it does
+//! not run it again), and never on a VM azprov did not provision. `/etc/azprov/no-scripts` in
+//! the image turns it off.
+
+use super::state::State;
+use super::sysroot::{Sysroot, STATE_DIR};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const FILE: &str = "scripts.json";
+/// The file whose presence in the image turns scripts off.
+pub const OFF: &str = "/etc/azprov/no-scripts";
+/// The data that may be scripts, in the order they run.
+const SOURCES: [&str; 2] = ["customdata", "userdata"];
+
+/// One run of one script.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ran {
+    pub started_at: String,
+    /// None: started, never seen to finish (the VM went down while it ran).
+    pub exit: Option<i32>,
+    pub finished_at: Option<String>,
+}
+
+/// What ran for which VM.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Record {
+    pub vm_id: Option<String>,
+    pub ran: BTreeMap<String, Ran>,
+}
+
+impl Record {
+    pub fn load(root: &Sysroot) -> Option<Record> {
+        let bytes = root.read(&format!("{STATE_DIR}/{FILE}")).ok().flatten()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn save(&self, root: &Sysroot) -> Result<(), String> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        root.write_state(FILE, &json).map_err(|e| e.to_string())
+    }
+}
+
+/// What one source is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kind {
+    Script,
+    CloudConfig,
+    Other,
+}
+
+/// `#!` is a script; `#cloud-config` (and cloud-init's other `#` headers) is not ours.
+pub fn kind(data: &[u8]) -> Kind {
+    if data.starts_with(b"#!") {
+        Kind::Script
+    } else if data.starts_with(b"#cloud-config")
+        || data.starts_with(b"#include")
+        || data.starts_with(b"#cloud-boothook")
+    {
+        Kind::CloudConfig
+    } else {
+        Kind::Other
+    }
+}
+
+/// Runs the scripts of this VM that have not run for it; `run` executes one (a path) and
+/// returns its exit status. Returns what it did, one line each.
+pub fn run_once(
+    root: &Sysroot,
+    run: &dyn Fn(&Path) -> Result<i32, String>,
+) -> Result<Vec<String>, String> {
+    if root.exists(OFF) {
+        return Ok(vec![format!("scripts are off ({OFF} exists)")]);
+    }
+    let Some(marker) = root.read_marker() else {
+        return Ok(vec!["not provisioned by azprov: no script runs".into()]);
+    };
+    let state = State::load(root).unwrap_or_default();
+    let vm_id = state.vm_id.clone().unwrap_or_else(|| marker.clone());
+    let mut record = Record::load(root).unwrap_or_default();
+    if record.vm_id.as_deref() != Some(vm_id.as_str()) {
+        record = Record {
+            vm_id: Some(vm_id.clone()),
+            ran: BTreeMap::new(),
+        };
+    }
+    let mut said = Vec::new();
+    for source in SOURCES {
+        let Some(data) = root.read(&format!("{STATE_DIR}/{source}")).ok().flatten() else {
+            continue;
+        };
+        match kind(&data) {
+            Kind::CloudConfig => {
+                said.push(format!(
+                    "{source}: cloud-init format, not interpreted (azprov runs only #! scripts)"
+                ));
+                continue;
+            }
+            Kind::Other => {
+                said.push(format!("{source}: not a script (no #!), stored only"));
+                continue;
+            }
+            Kind::Script => {}
+        }
+        if let Some(r) = record.ran.get(source) {
+            said.push(format!(
+                "{source}: ran for this VM already (started {}, exit {})",
+                r.started_at,
+                r.exit.map_or("unknown".into(), |e| e.to_string())
+            ));
+            continue;
+        }
+        // recorded before it runs: a VM that goes down while it runs never runs it again
+        record.ran.insert(
+            source.to_string(),
+            Ran {
+                started_at: crate::time::now_rfc3339(),
+                ..Ran::default()
+            },
+        );
+        record.save(root)?;
+        let path = root
+            .resolve(&format!("{STATE_DIR}/{source}"))
+            .map_err(|e| e.to_string())?;
+        let exit = run(&path);
+        let ran = record.ran.entry(source.to_string()).or_default();
+        ran.finished_at = Some(crate::time::now_rfc3339());
+        match exit {
+            Ok(code) => {
+                ran.exit = Some(code);
+                said.push(format!("{source}: script ran, exit {code}"));
+            }
+            Err(e) => said.push(format!("{source}: script could not run: {e}")),
+        }
+        record.save(root)?;
+    }
+    if said.is_empty() {
+        said.push("no custom data or user data".into());
+    }
+    Ok(said)
+}
+
+/// Executes the script at `path` as it is (its `#!` names the interpreter), its output this
+/// process's (the journal, under the unit). The file is 0600: it is given to the interpreter
+/// as its argument.
+pub fn execute(path: &Path) -> Result<i32, String> {
+    let data = std::fs::read(path).map_err(|e| e.to_string())?;
+    let first = data.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(first.get(2..).unwrap_or_default())
+        .trim()
+        .to_string();
+    let mut words = line.split_whitespace();
+    let interpreter = words.next().ok_or("#! names no interpreter")?;
+    let status = std::process::Command::new(interpreter)
+        .args(words)
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("{interpreter}: {e}"))?;
+    Ok(status.code().unwrap_or(128 + 9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    fn root_with(data: &[(&str, &str)]) -> (std::path::PathBuf, Sysroot) {
+        let d = std::env::temp_dir().join(format!(
+            "azprov-scripts-{}-{}",
+            std::process::id(),
+            data.len()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("var/lib/azprov")).unwrap();
+        std::fs::create_dir_all(d.join("etc/azprov")).unwrap();
+        for (name, text) in data {
+            std::fs::write(d.join("var/lib/azprov").join(name), text).unwrap();
+        }
+        (d.clone(), Sysroot::new(d))
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root: the record is written root-owned (runs as root and under CI=true)"
+    )]
+    fn a_script_runs_once_per_vm_and_other_formats_are_named_not_run() {
+        let (d, root) = root_with(&[
+            ("provisioned", "vm-1\n"),
+            ("customdata", "#!/bin/sh\necho hi\n"),
+            ("userdata", "#cloud-config\npackages: [x]\n"),
+        ]);
+        let runs = RefCell::new(Vec::new());
+        let run = |p: &Path| {
+            runs.borrow_mut().push(p.to_path_buf());
+            Ok(3)
+        };
+        let said = run_once(&root, &run).unwrap();
+        assert_eq!(runs.borrow().len(), 1);
+        assert!(
+            said[0].contains("customdata: script ran, exit 3"),
+            "{said:?}"
+        );
+        assert!(
+            said[1].contains("userdata: cloud-init format, not interpreted"),
+            "{said:?}"
+        );
+        let rec = Record::load(&root).unwrap();
+        assert_eq!(rec.vm_id.as_deref(), Some("vm-1"));
+        assert_eq!(rec.ran["customdata"].exit, Some(3));
+        // a reboot: nothing runs again
+        let said = run_once(&root, &run).unwrap();
+        assert_eq!(runs.borrow().len(), 1);
+        assert!(said[0].contains("ran for this VM already"), "{said:?}");
+        // a new VM id (a captured image): it runs again
+        std::fs::write(d.join("var/lib/azprov/provisioned"), "vm-2\n").unwrap();
+        run_once(&root, &run).unwrap();
+        assert_eq!(runs.borrow().len(), 2);
+        // turned off in the image
+        std::fs::write(d.join("var/lib/azprov/provisioned"), "vm-3\n").unwrap();
+        std::fs::write(d.join("etc/azprov/no-scripts"), "").unwrap();
+        let said = run_once(&root, &run).unwrap();
+        assert_eq!(runs.borrow().len(), 2);
+        assert!(said[0].contains("scripts are off"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn nothing_runs_on_a_vm_azprov_did_not_provision() {
+        let (d, root) = root_with(&[("customdata", "#!/bin/sh\necho hi\n")]);
+        let run = |_: &Path| -> Result<i32, String> { panic!("ran") };
+        let said = run_once(&root, &run).unwrap();
+        assert!(said[0].contains("not provisioned by azprov"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(kind(b"#!/bin/bash\n"), Kind::Script);
+        assert_eq!(kind(b"#cloud-config\n"), Kind::CloudConfig);
+        assert_eq!(kind(b"hello"), Kind::Other);
+        assert_eq!(kind(b""), Kind::Other);
+    }
+
+    #[test]
+    fn a_script_is_executed_by_its_interpreter_with_its_exit_status() {
+        let d = std::env::temp_dir().join(format!("azprov-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let s = d.join("s");
+        std::fs::write(
+            &s,
+            "#!/bin/sh -e\necho \"$0\" > \"$(dirname \"$0\")/out\"\nexit 7\n",
+        )
+        .unwrap();
+        assert_eq!(execute(&s).unwrap(), 7);
+        assert_eq!(
+            std::fs::read_to_string(d.join("out")).unwrap().trim(),
+            s.to_str().unwrap()
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
