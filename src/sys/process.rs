@@ -69,9 +69,20 @@ pub fn spawn_detached(
     stderr: std::fs::File,
     fds: &[(&std::fs::File, i32)],
 ) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::process::CommandExt;
-    let pairs: Vec<(i32, i32)> = fds.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
+    // each source first to a descriptor above any target (and close-on-exec), so that the
+    // child's dup2 never finds its source already overwritten by an earlier one, and never
+    // dups a descriptor onto itself (which would leave FD_CLOEXEC set)
+    const ABOVE: i32 = 100;
+    let mut held = Vec::new();
+    for (f, n) in fds {
+        let high = nix::fcntl::fcntl(*f, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(ABOVE))
+            .map_err(std::io::Error::from)?;
+        // SAFETY: fcntl just made this descriptor, which nothing else owns.
+        held.push((unsafe { OwnedFd::from_raw_fd(high) }, *n));
+    }
+    let pairs: Vec<(i32, i32)> = held.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
     let mut cmd = std::process::Command::new(program);
     cmd.arg0(argv0)
         .args(args)
@@ -92,7 +103,9 @@ pub fn spawn_detached(
             Ok(())
         });
     }
-    cmd.spawn().map(|c| c.id())
+    let child = cmd.spawn().map(|c| c.id());
+    drop(held);
+    child
 }
 
 /// Descriptor `n` as handed down by the process that started this one ([`spawn_detached`]),
