@@ -156,6 +156,10 @@ pub fn run(
         "host keys: rsa made in {} ms and written to {SSH_DIR}",
         took.as_millis()
     );
+    // the block first: the console is read as soon as the key is there
+    let mut lines = job.lines.clone();
+    lines.insert(0, line.clone());
+    crate::logger::console_lines(&fingerprint_block(&lines));
     if let Some(dir) = state {
         if let Err(e) = add_to_state(dir, &line, job.label_state.as_deref(), deadline) {
             log::warn!("host keys: state.json: {e}");
@@ -164,9 +168,6 @@ pub fn run(
     if let Some(run) = run {
         reload_sshd(run);
     }
-    let mut lines = job.lines.clone();
-    lines.insert(0, line.clone());
-    crate::logger::console_lines(&fingerprint_block(&lines));
     Ok(line)
 }
 
