@@ -51,13 +51,6 @@ pub fn background_priority() {
     set_nice(19);
 }
 
-/// A process that must not slow the boot it runs beside but must not starve either (the RSA
-/// host key after the handover): the normal policy, nice 10.
-pub fn modest_priority() {
-    set_policy(libc::SCHED_OTHER);
-    set_nice(10);
-}
-
 /// Starts `program` as a process of its own session with `argv0`, `args`, stdin and stdout
 /// on /dev/null, stderr on `stderr`, and each `(file, n)` of `fds` as its descriptor `n`
 /// (n >= 3). Nothing waits for it: it outlives this process (and PID 1's exec of the real

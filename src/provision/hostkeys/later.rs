@@ -5,6 +5,7 @@
 //! systemd initrd leaves it running across switch-root) makes it and writes it through
 //! directory handles opened before the handover, which still name the real root's /etc/ssh
 //! and /var/lib/azprov wherever switch_root moves them. Then:
+//! - it runs on idle CPU only (SCHED_IDLE), so the booted system's start never waits for it;
 //! - the key is only ever added: the keys a client may have seen stay (OpenSSH clients learn
 //!   added host keys);
 //! - a read-only root (the booted system remounts it read-write early) is waited for;
@@ -55,7 +56,26 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     };
     let ssh = open(SSH_DIR)?;
     let run = File::open("/run").or_else(|_| File::open("/"))?;
-    let state_dir = if state { Some(open(STATE_DIR)?) } else { None };
+    // state.json only where it lives on the root's own filesystem: a /var that fstab mounts
+    // for the run must be unmounted before the handover, which a handle held on it prevents
+    let same_fs = |path: &str| {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &str| {
+            root.resolve(p)
+                .ok()
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| m.dev())
+        };
+        dev("/").is_some() && dev("/") == dev(path)
+    };
+    let state_dir = if state && same_fs(STATE_DIR) {
+        Some(open(STATE_DIR)?)
+    } else {
+        if state {
+            log::info!("host keys: {STATE_DIR} is a filesystem of its own: the rsa fingerprint goes to the console only");
+        }
+        None
+    };
     let console = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/console")
@@ -126,7 +146,8 @@ pub fn run(
     run: Option<&File>,
     state: Option<&File>,
 ) -> Result<String, String> {
-    crate::sys::process::modest_priority();
+    // idle CPU only: the booted system's start (sshd, the first login) never waits for it
+    crate::sys::process::background_priority();
     let t = Instant::now();
     let mut key = rsa_now().map_err(|e| e.to_string())?;
     key.set_comment(&job.comment);
