@@ -436,6 +436,75 @@ def run_second_boot(ctx):
         fabric.close()
 
 
+def partitioned(work, fs_img, label, mib, after=None):
+    """A disk of `mib` MiB whose first partition (from 1 MiB) holds `fs_img`, with a `label`
+    table (gpt or dos) made by sfdisk; `after`: a second partition of that many MiB behind it."""
+    disk = os.path.join(work, f"disk-{os.path.basename(fs_img)}")
+    fs_mib = os.path.getsize(fs_img) >> 20
+    with open(disk, "wb") as f:
+        f.truncate((1 + fs_mib + (after or 0) + 1) << 20)
+    script = f"label: {label}\nstart=2048, size={fs_mib << 11}\n" + (f"size={after << 11}\n" if after else "")
+    subprocess.run(["sfdisk", "--quiet", disk], input=script.encode(), check=True)
+    sh("dd", f"if={fs_img}", f"of={disk}", "bs=1M", "seek=1", "conv=notrunc,sparse", "status=none")
+    with open(disk, "r+b") as f:
+        f.truncate(mib << 20)   # Azure's OS disk is larger than the uploaded image
+    return disk
+
+
+def sfdisk_dump(disk):
+    return subprocess.run(["sfdisk", "--dump", disk], capture_output=True, text=True, check=False).stdout
+
+
+def run_growroot(ctx):
+    """The OS disk is larger than the image: the root's GPT partition (Gen2's SCSI disk, found
+    by UUID) and its ext4 grow to the disk's end on the first boot, online; the second boot
+    finds nothing to do."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-grow"))
+    try:
+        disk = partitioned(work, make_root(work), "gpt", 256)
+        cd = make_cd(work, "e2e-grow")
+        _start, took, out, rc = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        c(rc == 0 and "REALROOT-DONE" in out, "the first boot did not reach the real init")
+        c(re.search(r"growroot: partition sda1 \+2\d\d MiB \(GPT\) in \d+ ms; ext4 4\d MiB -> 25\d MiB", out)
+          is not None, "growroot did not grow the GPT partition and ext4")
+        size = re.search(r"REALROOT rootsize=(\d+)", out)
+        c(size is not None and int(size.group(1)) > 200 * 1024, f"the real root is not ~256 MiB: {size and size.group(1)}")
+        dump = sfdisk_dump(disk)
+        c("last-lba: 524254" in dump and "size=522207," in dump.replace(" ", ""), f"the table on disk: {dump}")
+        _s, _t, out2, rc2 = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        c(rc2 == 0 and "growroot: skipped: sda1 fills its disk already" in out2,
+          "the second boot did not find the root grown already")
+        return c, ready_after(fabric, _start), took, out + out2
+    finally:
+        fabric.close()
+
+
+def run_growroot_mbr(ctx):
+    """growroot on an MBR disk (Gen1's virtio disk): the root partition grows; with a partition
+    behind it, it is left alone and the boot says why."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-growmbr"))
+    try:
+        disk = partitioned(work, make_root(work), "dos", 128)
+        cd = make_cd(work, "e2e-growmbr")
+        _start, took, out, rc = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], disk, cd, "root=/dev/vda1",
+                                     ctx["accel"])
+        c(rc == 0 and "REALROOT-DONE" in out, "the boot did not reach the real init")
+        c(re.search(r"growroot: partition vda1 \+\d+ MiB \(MBR\) in \d+ ms; ext4 4\d MiB -> 12\d MiB", out)
+          is not None, "growroot did not grow the MBR partition and ext4")
+        blocked = partitioned(work, make_root(work, name="root2.img"), "dos", 128, after=8)
+        _s, _t, out2, rc2 = boot(fabric, work, "gen1", ctx["kernel"], ctx["initrd"], blocked, cd,
+                                 "root=/dev/vda1", ctx["accel"])
+        c(rc2 == 0 and "growroot: skipped: vda1: partition 2 lies after it; not grown" in out2,
+          "a partition that is not last was not left alone with its reason")
+        return c, ready_after(fabric, _start), took, out + out2
+    finally:
+        fabric.close()
+
+
 def run_no_cd(ctx):
     c = Check()
     fabric, root, start, took, out, rc = scenario_happy(ctx, "gen1", "e2e-nocd", with_cd=False)
@@ -610,6 +679,8 @@ SCENARIOS = {
     "no-root": run_no_root,
     "not-azure": run_not_azure,
     "arm64": run_arm64,
+    "growroot": run_growroot,
+    "growroot-mbr": run_growroot_mbr,
 }
 
 

@@ -121,6 +121,8 @@ pub struct Config {
     /// `azprov.hostkeytypes=ed25519,ecdsa,rsa`: the host key types a new VM gets (all three
     /// by default; an image that wants no RSA key leaves it out).
     pub host_key_types: Vec<String>,
+    /// `azprov.growroot=0`: leave the root's partition and filesystem at their size.
+    pub growroot: bool,
     pub log_level: log::LevelFilter,
     pub onfail: OnFail,
     pub modules: Vec<String>,
@@ -147,6 +149,7 @@ impl Default for Config {
             keepnet: false,
             host_keys: true,
             host_key_types: HOST_KEY_TYPES.iter().map(|t| t.to_string()).collect(),
+            growroot: true,
             log_level: log::LevelFilter::Info,
             onfail: OnFail::Halt,
             modules: Vec::new(),
@@ -258,6 +261,7 @@ impl Config {
                         v => return Err(bad(key, v, "keep or regenerate")),
                     }
                 }
+                "azprov.growroot" => self.growroot = flag(key, value)?,
                 "azprov.hostkeytypes" => {
                     let v = need(value)?;
                     let types: Vec<String> = v
@@ -462,6 +466,7 @@ mod tests {
         assert!(c.host_keys);
         assert!(!load(None, "azprov.hostkeys=keep").0.host_keys);
         assert_eq!(c.host_key_types, ["ed25519", "ecdsa", "rsa"]);
+        assert!(c.growroot && !load(None, "azprov.growroot=0").0.growroot);
         assert_eq!(
             load(None, "azprov.hostkeytypes=ed25519,ecdsa")
                 .0

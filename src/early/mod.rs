@@ -5,6 +5,7 @@
 //! reads untrusted bytes (a data disk, a module file) and is fuzzed; none needs `unsafe`.
 
 pub mod block;
+pub mod grow;
 pub mod lz4;
 pub mod modalias;
 pub mod modules;

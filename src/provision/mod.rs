@@ -5,6 +5,7 @@
 pub mod clean;
 pub mod data;
 pub mod fstab;
+pub mod growroot;
 pub mod hostkeys;
 pub mod merge;
 pub mod options;

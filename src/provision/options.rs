@@ -45,6 +45,8 @@ pub struct Options {
     pub host_keys: bool,
     /// Which host key types (`azprov.hostkeytypes=`).
     pub host_key_types: Vec<super::hostkeys::KeyType>,
+    /// Grow the root's partition and filesystem to the disk (`azprov.growroot=0`: no).
+    pub growroot: bool,
     /// PID 1: the module loader, perhaps still loading (the network waits for it, the media
     /// stage when no CD drive is there yet), and loading a CD filesystem's module on demand
     /// (iso9660). Hook mode: none.
@@ -90,6 +92,7 @@ impl Options {
             cdrom_settle: CDROM_SETTLE,
             remount: mode == Mode::Hook,
             host_keys: cfg.host_keys,
+            growroot: cfg.growroot,
             host_key_types: cfg
                 .host_key_types
                 .iter()

@@ -198,6 +198,14 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         s.timings_ms.total = ms(t0.elapsed());
         return s;
     }
+    // the root grows to its disk on every boot, before anything is written into it; only a
+    // root that is a mount point of its own (never a directory of the host in tests)
+    if opts.growroot && is_mount_point(&opts.root) {
+        let grown = super::growroot::run(&opts.root, &opts.sys, &opts.dev, || writable(opts));
+        let line = grown.unwrap_or_else(|why| format!("skipped: {why}"));
+        log::info!("growroot: {line}");
+        s.growroot = Some(line);
+    }
     // What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run and
     // unmounted on every way out: the marker itself may live on /var.
     let (_mounted, mount_failure) =
@@ -382,6 +390,15 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
     }
     finish_host_keys_later(root, &s, true);
     s
+}
+
+/// Whether `path` is the root of a filesystem of its own (or `/`).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), std::fs::metadata(path.join(".."))) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev() || a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// The log file keeps at most this much: the newest runs, whole lines.

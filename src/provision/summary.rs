@@ -53,6 +53,8 @@ pub struct Summary {
     pub host_keys: Vec<String>,
     /// Host key types made after the handover (`rsa`), not in `host_keys` yet.
     pub host_keys_pending: Vec<&'static str>,
+    /// What growroot did, or why it did nothing.
+    pub growroot: Option<String>,
     pub timings_ms: Timings,
 }
 
@@ -85,6 +87,7 @@ impl Summary {
             hint: None,
             host_keys: Vec::new(),
             host_keys_pending: Vec::new(),
+            growroot: None,
             timings_ms: Timings::default(),
         }
     }

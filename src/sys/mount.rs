@@ -160,3 +160,61 @@ pub fn drive_status(dev: &Path) -> Result<DriveStatus, Errno> {
         n => DriveStatus::Other(n),
     })
 }
+
+/// BLKPG_RESIZE_PARTITION on `disk`: partition `number` now spans `length` bytes from `start`
+/// (the kernel's view, after the table on disk says so; growing works while it is mounted).
+pub fn resize_partition(
+    disk: &std::fs::File,
+    number: i32,
+    start: u64,
+    length: u64,
+) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct BlkpgPartition {
+        start: i64,
+        length: i64,
+        pno: libc::c_int,
+        devname: [u8; 64],
+        volname: [u8; 64],
+    }
+    #[repr(C)]
+    struct BlkpgIoctlArg {
+        op: libc::c_int,
+        flags: libc::c_int,
+        datalen: libc::c_int,
+        data: *mut libc::c_void,
+    }
+    const BLKPG: libc::c_ulong = 0x1269;
+    const BLKPG_RESIZE_PARTITION: libc::c_int = 3;
+    let mut part = BlkpgPartition {
+        start: i64::try_from(start).map_err(|_| Errno::EINVAL)?,
+        length: i64::try_from(length).map_err(|_| Errno::EINVAL)?,
+        pno: number,
+        devname: [0; 64],
+        volname: [0; 64],
+    };
+    let mut arg = BlkpgIoctlArg {
+        op: BLKPG_RESIZE_PARTITION,
+        flags: 0,
+        datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+        data: (&mut part as *mut BlkpgPartition).cast(),
+    };
+    // SAFETY: `arg` and the partition it points at live across the call and have the layout of
+    // the kernel's struct blkpg_ioctl_arg and blkpg_partition (linux/blkpg.h); the descriptor
+    // is open for the call.
+    let rc = unsafe { libc::ioctl(disk.as_raw_fd(), BLKPG as _, &mut arg as *mut BlkpgIoctlArg) };
+    Errno::result(rc).map(drop)
+}
+
+/// EXT4_IOC_RESIZE_FS on the mounted ext4 filesystem `dir` is open on: grows it online to
+/// `blocks` blocks of its own size.
+pub fn ext4_resize(dir: &std::fs::File, blocks: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
+    let mut n = blocks;
+    // SAFETY: the kernel reads one u64 from `n`, which lives across the call; the descriptor
+    // is open for the call.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_RESIZE_FS as _, &mut n as *mut u64) };
+    Errno::result(rc).map(drop)
+}

@@ -1,0 +1,170 @@
+//! growroot: the root filesystem grows to its disk on every boot. Azure's OS disk is usually
+//! larger than the uploaded image, and users enlarge it later; cloud-init (growpart and
+//! resize2fs) and Ubuntu's initramfs do this, so an image that drops cloud-init for azprov
+//! must not lose it. The root's partition, when it is the last on its disk, is extended to the
+//! disk's end (`early::grow` plans the table; the writes go in its safe order, each synced),
+//! the kernel told (BLKPG), and the filesystem grown online (ext4's resize ioctl). Skipped with
+//! one line saying why: device-mapper (LVM, LUKS), a partition that is not last, less than
+//! 1 MiB to gain, a filesystem azprov cannot grow yet (xfs, btrfs). `azprov.growroot=0` turns
+//! it off. Runs on the mounted root in both modes, before anything is written into it.
+
+use crate::early::grow::{self, Skip};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::time::Instant;
+
+/// The root's block device as sysfs knows it.
+struct Dev {
+    name: String,
+    /// The disk and the 1-based partition number, when it is a partition.
+    partition: Option<(String, u32)>,
+}
+
+fn sysfs_dev(mount: &Path, sys: &Path) -> Result<Dev, String> {
+    let st = std::fs::metadata(mount).map_err(|e| format!("stat {}: {e}", mount.display()))?;
+    let (maj, min) = (
+        nix::sys::stat::major(st.dev()),
+        nix::sys::stat::minor(st.dev()),
+    );
+    let link = sys.join(format!("dev/block/{maj}:{min}"));
+    let path = std::fs::canonicalize(&link)
+        .map_err(|_| format!("{maj}:{min} is not a block device (a virtual root?)"))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partition = std::fs::read_to_string(path.join("partition"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .and_then(|n| {
+            let disk = path.parent()?.file_name()?.to_string_lossy().into_owned();
+            Some((disk, n))
+        });
+    Ok(Dev { name, partition })
+}
+
+fn sectors(sys: &Path, name: &str) -> Option<u64> {
+    let p = sys.join("class/block").join(name).join("size");
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// ext4's block size and block count from its superblock (read from the device).
+fn ext4_blocks(dev: &Path) -> Option<(u64, u64)> {
+    let f = File::open(dev).ok()?;
+    let mut sb = vec![0u8; 1024];
+    f.read_exact_at(&mut sb, 1024).ok()?;
+    let le32 =
+        |at: usize| -> Option<u32> { sb.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes) };
+    let log = le32(24)?;
+    if log > 6 {
+        return None;
+    }
+    let bs = 1024u64 << log;
+    let lo = u64::from(le32(4)?);
+    let incompat = le32(0x60)?;
+    let hi = if incompat & 0x80 != 0 {
+        u64::from(le32(0x150)?)
+    } else {
+        0
+    };
+    Some((bs, (hi << 32) | lo))
+}
+
+/// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
+/// called once, and its guard held, only when something is to grow. Ok: what was done, one line.
+/// Err: why nothing was (a skip is not a failure of the run).
+pub fn run<G>(
+    mount: &Path,
+    sys: &Path,
+    dev: &Path,
+    writable: impl Fn() -> G,
+) -> Result<String, String> {
+    let d = sysfs_dev(mount, sys)?;
+    if d.name.starts_with("dm-") {
+        return Err(format!(
+            "{} is device-mapper (LVM or LUKS): not grown",
+            d.name
+        ));
+    }
+    let mut done = Vec::new();
+    let mut guard = None;
+    if let Some((disk, number)) = &d.partition {
+        let disk_bytes = sectors(sys, disk).ok_or(format!("no size for {disk}"))? * 512;
+        let disk_path = dev.join(disk);
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .open(&disk_path)
+            .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
+        let mut read = |at: u64, len: usize| {
+            let mut b = vec![0u8; len];
+            f.read_exact_at(&mut b, at).ok().map(|_| b)
+        };
+        match grow::plan(&mut read, disk_bytes, *number) {
+            Ok(plan) => {
+                guard.get_or_insert_with(&writable);
+                let t = Instant::now();
+                for (at, bytes) in &plan.writes {
+                    f.write_all_at(bytes, *at)
+                        .map_err(|e| format!("write {}: {e}", disk_path.display()))?;
+                    f.sync_data()
+                        .map_err(|e| format!("sync {}: {e}", disk_path.display()))?;
+                }
+                crate::sys::mount::resize_partition(
+                    &f,
+                    *number as i32,
+                    plan.start * 512,
+                    plan.sectors * 512,
+                )
+                .map_err(|e| format!("BLKPG resize of {}: {e}", d.name))?;
+                done.push(format!(
+                    "partition {} +{} MiB ({}) in {} ms",
+                    d.name,
+                    plan.gain >> 20,
+                    plan.table,
+                    t.elapsed().as_millis()
+                ));
+            }
+            Err(Skip::Little(_)) => {}
+            Err(skip) => return Err(format!("{}: {skip}; not grown", d.name)),
+        }
+    }
+    // the filesystem, to what its device holds now (also after a boot cut short between the
+    // partition and the filesystem)
+    let part_bytes = sectors(sys, &d.name).ok_or(format!("no size for {}", d.name))? * 512;
+    let node = dev.join(&d.name);
+    match crate::early::block::probe_device(&node).map(|i| i.fstype) {
+        Some("ext4") => {
+            let (bs, blocks) = ext4_blocks(&node).ok_or("cannot read the ext4 superblock")?;
+            let target = part_bytes / bs;
+            if target > blocks && (target - blocks) * bs >= grow::MIN_GAIN {
+                guard.get_or_insert_with(&writable);
+                let t = Instant::now();
+                let dir =
+                    File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
+                crate::sys::mount::ext4_resize(&dir, target)
+                    .map_err(|e| format!("ext4 resize of {}: {e}", d.name))?;
+                done.push(format!(
+                    "ext4 {} MiB -> {} MiB in {} ms",
+                    (blocks * bs) >> 20,
+                    (target * bs) >> 20,
+                    t.elapsed().as_millis()
+                ));
+            }
+        }
+        Some(other) if done.is_empty() => {
+            return Err(format!(
+                "{} holds {other}, which azprov does not grow yet",
+                d.name
+            ));
+        }
+        Some(other) => done.push(format!("{other} not grown (not supported yet)")),
+        None => return Err(format!("{}: no filesystem azprov recognises", d.name)),
+    }
+    drop(guard);
+    if done.is_empty() {
+        return Err(format!("{} fills its disk already", d.name));
+    }
+    Ok(done.join("; "))
+}
