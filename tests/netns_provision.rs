@@ -113,6 +113,7 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
         [
             "cause",
             "custom_data",
+            "growroot",
             "hint",
             "host_keys",
             "host_keys_pending",
@@ -618,7 +619,7 @@ fn off_azure_nothing_is_sent_unless_forced() {
     }
     let t = std::time::Instant::now();
     while !root.join("etc/ssh/ssh_host_rsa_key").exists() {
-        assert!(t.elapsed().as_secs() < 60, "no rsa host key off Azure");
+        assert!(t.elapsed().as_secs() < 180, "no rsa host key off Azure");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     assert!(stderr(&o).contains("BEGIN SSH HOST KEY FINGERPRINTS"));
@@ -917,7 +918,8 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
     assert_eq!(rsa_key_added(&root).len(), 3);
 }
 
-/// Waits (a minute at most) for the rsa host key made after the run and its fingerprint in
+/// Waits (three minutes at most: it runs at nice 19 beside the other tests) for the rsa host
+/// key made after the run and its fingerprint in
 /// state.json; the state's host key lines then, rsa first.
 fn rsa_key_added(root: &Path) -> Vec<String> {
     let state = root.join("var/lib/azprov/state.json");
@@ -936,8 +938,8 @@ fn rsa_key_added(root: &Path) -> Vec<String> {
             return lines;
         }
         assert!(
-            t.elapsed() < std::time::Duration::from_secs(60),
-            "no rsa host key after a minute: {lines:?}"
+            t.elapsed() < std::time::Duration::from_secs(180),
+            "no rsa host key after three minutes: {lines:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }

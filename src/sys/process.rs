@@ -51,6 +51,14 @@ pub fn background_priority() {
     set_nice(19);
 }
 
+/// The lowest normal priority (nice 19, weight 15 against a nice-0 thread's 1024): work that
+/// must not slow what runs beside it, yet must finish on a machine that is never idle (the
+/// RSA host key after the handover; SCHED_IDLE could wait for idle time forever).
+pub fn lowest_priority() {
+    set_policy(libc::SCHED_OTHER);
+    set_nice(19);
+}
+
 /// Starts `program` as a process of its own session with `argv0`, `args`, stdin and stdout
 /// on /dev/null, stderr on `stderr`, and each `(file, n)` of `fds` as its descriptor `n`
 /// (n >= 3). Nothing waits for it: it outlives this process (and PID 1's exec of the real

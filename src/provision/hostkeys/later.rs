@@ -5,7 +5,8 @@
 //! systemd initrd leaves it running across switch-root) makes it and writes it through
 //! directory handles opened before the handover, which still name the real root's /etc/ssh
 //! and /var/lib/azprov wherever switch_root moves them. Then:
-//! - it runs on idle CPU only (SCHED_IDLE), so the booted system's start never waits for it;
+//! - it runs at nice 19, so the booted system's start hardly shares the CPU with it (not
+//!   SCHED_IDLE: on a machine that is never idle it would never finish);
 //! - the key is only ever added: the keys a client may have seen stay (OpenSSH clients learn
 //!   added host keys);
 //! - a read-only root (the booted system remounts it read-write early) is waited for;
@@ -60,13 +61,13 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     // for the run must be unmounted before the handover, which a handle held on it prevents
     let same_fs = |path: &str| {
         use std::os::unix::fs::MetadataExt;
-        let dev = |p: &str| {
-            root.resolve(p)
-                .ok()
-                .and_then(|p| std::fs::metadata(p).ok())
-                .map(|m| m.dev())
-        };
-        dev("/").is_some() && dev("/") == dev(path)
+        let root_dev = std::fs::metadata(root.root()).ok().map(|m| m.dev());
+        let dev = root
+            .resolve(path)
+            .ok()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| m.dev());
+        root_dev.is_some() && root_dev == dev
     };
     let state_dir = if state && same_fs(STATE_DIR) {
         Some(open(STATE_DIR)?)
@@ -146,8 +147,9 @@ pub fn run(
     run: Option<&File>,
     state: Option<&File>,
 ) -> Result<String, String> {
-    // idle CPU only: the booted system's start (sshd, the first login) never waits for it
-    crate::sys::process::background_priority();
+    // nice 19: the booted system's start (sshd, the first login) hardly shares the CPU with
+    // it, and it still finishes on a machine that is never idle
+    crate::sys::process::lowest_priority();
     let t = Instant::now();
     let mut key = rsa_now().map_err(|e| e.to_string())?;
     key.set_comment(&job.comment);
