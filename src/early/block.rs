@@ -17,14 +17,14 @@ fn get(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
     b.get(at..at.checked_add(len)?)
 }
 
-fn le32(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn le32(b: &[u8], at: usize) -> Option<u32> {
     match get(b, at, 4)? {
         &[a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d])),
         _ => None,
     }
 }
 
-fn le64(b: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn le64(b: &[u8], at: usize) -> Option<u64> {
     let lo = le32(b, at)?;
     let hi = le32(b, at + 4)?;
     Some(u64::from(lo) | (u64::from(hi) << 32))

@@ -9,6 +9,8 @@
 //! alternate still points at the old backup) or the new one (the new backup, which tools use
 //! when the primary's CRC fails). MBR: the entry's sector count, one 512-byte write.
 
+use super::block::{le32, le64};
+
 const SECTOR: u64 = 512;
 /// Less than this to gain: left alone.
 pub const MIN_GAIN: u64 = 1 << 20;
@@ -48,17 +50,6 @@ impl std::fmt::Display for Skip {
             Skip::Corrupt(what) => write!(f, "the partition table is not sound: {what}"),
         }
     }
-}
-
-fn le32(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
-}
-
-fn le64(b: &[u8], at: usize) -> Option<u64> {
-    let s = b.get(at..at + 8)?;
-    let mut a = [0u8; 8];
-    a.copy_from_slice(s);
-    Some(u64::from_le_bytes(a))
 }
 
 fn put32(b: &mut [u8], at: usize, v: u32) {
@@ -305,6 +296,17 @@ mod tests {
     }
 
     fn apply(p: &std::path::Path, grow_to_mib: u64, number: u32) -> Result<Plan, Skip> {
+        apply_first(p, grow_to_mib, number, usize::MAX)
+    }
+
+    /// The disk at `p` grown to `grow_to_mib`, and the first `writes` of the plan for
+    /// partition `number` made (all of them: `apply`; fewer: a power cut after them).
+    fn apply_first(
+        p: &std::path::Path,
+        grow_to_mib: u64,
+        number: u32,
+        writes: usize,
+    ) -> Result<Plan, Skip> {
         use std::io::{Read, Seek, SeekFrom, Write};
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -320,7 +322,7 @@ mod tests {
             Some(b)
         };
         let plan = plan(&mut read, grow_to_mib << 20, number)?;
-        for (at, bytes) in &plan.writes {
+        for (at, bytes) in plan.writes.iter().take(writes) {
             let mut f = &f;
             f.seek(SeekFrom::Start(*at)).unwrap();
             f.write_all(bytes).unwrap();
@@ -389,28 +391,7 @@ mod tests {
         // every prefix of the writes: sfdisk reads a valid table (the old or the new one)
         for cut in 0..=5 {
             let p = sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32);
-            {
-                use std::io::{Read, Seek, SeekFrom, Write};
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&p)
-                    .unwrap();
-                f.set_len(64 << 20).unwrap();
-                let mut read = |at: u64, len: usize| {
-                    let mut f = &f;
-                    f.seek(SeekFrom::Start(at)).ok()?;
-                    let mut b = vec![0; len];
-                    f.read_exact(&mut b).ok()?;
-                    Some(b)
-                };
-                let plan = plan(&mut read, 64 << 20, 2).unwrap();
-                for (at, bytes) in plan.writes.iter().take(cut) {
-                    let mut f = &f;
-                    f.seek(SeekFrom::Start(*at)).unwrap();
-                    f.write_all(bytes).unwrap();
-                }
-            }
+            apply_first(&p, 64, 2, cut).unwrap();
             let o = std::process::Command::new("sfdisk")
                 .args(["--dump", p.to_str().unwrap()])
                 .output()

@@ -54,8 +54,7 @@ fn ext4_blocks(dev: &Path) -> Option<(u64, u64)> {
     let f = File::open(dev).ok()?;
     let mut sb = vec![0u8; 1024];
     f.read_exact_at(&mut sb, 1024).ok()?;
-    let le32 =
-        |at: usize| -> Option<u32> { sb.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes) };
+    let le32 = |at: usize| crate::early::block::le32(&sb, at);
     let log = le32(24)?;
     if log > 6 {
         return None;

@@ -255,12 +255,9 @@ pub(super) fn record_report(
         (Err(_), Ok(_)) => Report::Failure,
         (_, Err(_)) => Report::Pending,
     };
+    // the report stage logged its own failure; the first failure is the cause
     if let Some(f) = failure {
         s.fail(f);
-        // the report's own failure is the cause when there was nothing else
-        if let (Err(_), Err(r)) = (written, acked) {
-            log::error!("{r}");
-        }
     }
 }
 

@@ -56,7 +56,8 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
             .and_then(File::open)
     };
     let ssh = open(SSH_DIR)?;
-    let run = File::open("/run").or_else(|_| File::open("/"))?;
+    // where sshd's pid file is; without it, no reload (an sshd that starts later reads the key)
+    let run = File::open("/run").ok();
     // state.json only where it lives on the root's own filesystem: a /var that fstab mounts
     // for the run must be unmounted before the handover, which a handle held on it prevents
     let same_fs = |path: &str| {
@@ -111,7 +112,10 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     for line in fast {
         args.extend(["--line".to_string(), line.clone()]);
     }
-    let mut fds = vec![(&ssh, SSH_FD), (&run, RUN_FD)];
+    let mut fds = vec![(&ssh, SSH_FD)];
+    if let Some(r) = &run {
+        fds.push((r, RUN_FD));
+    }
     if let Some(d) = &state_dir {
         fds.push((d, STATE_FD));
     }
