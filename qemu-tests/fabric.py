@@ -6,13 +6,18 @@ code.
   fabric.py --wireserver 168.63.129.16:80 --imds 169.254.169.254:80 --log fabric.jsonl \
             [--imds-doc doc.json] [--playbook faults.json] [--bump-after-goalstate N]
 
-Behaves like Azure where azprov depends on it:
+Behaves like Azure where azprov, cloud-init and waagent depend on it:
   * IMDS answers 400 without `Metadata: true` or with `X-Forwarded-For`, 400 without an
-    api-version, and serves the instance document (all values strings) for /metadata/instance.
-  * The WireServer serves /?comp=versions and the goal state (x-ms-version required); a health
-    POST whose GoalStateIncarnation is not the current one gets 410 Gone. The incarnation moves
-    on after the Nth goal state served (--bump-after-goalstate), as when boot diagnostics are
-    toggled.
+    api-version or with one Azure does not know (with the newest versions, as Azure lists
+    them), and serves the instance document (all values strings) for /metadata/instance and
+    any path below it (`format=text` for a leaf), without the fields the asked api-version
+    does not have yet (osProfile before 2020-07-15, userData before 2021-01-01, ...);
+    /metadata/versions; /metadata/reprovisiondata (404 unless the VM is pre-provisioned).
+  * The WireServer serves /?comp=versions and the goal state (x-ms-version required) with its
+    <Configuration> URLs (HostingEnvironmentConfig, SharedConfig, ExtensionsConfig,
+    FullConfig), each of which answers; a health POST whose GoalStateIncarnation is not the
+    current one gets 410 Gone. The incarnation moves on after the Nth goal state served
+    (--bump-after-goalstate), as when boot diagnostics are toggled. Telemetry POSTs get 200.
   * A playbook of faults per request: a JSON list of
       {"endpoint": "imds|goalstate|health|versions", "requests": [1, 2] or "*",
        "status": 503, "delay": 1.5, "body": "...", "truncate": 20, "drop": true}
@@ -64,11 +69,114 @@ GOAL_STATE = """<?xml version="1.0" encoding="utf-8"?>
     <RoleInstanceList>
       <RoleInstance>
         <InstanceId>{instance}</InstanceId>
-        <State>Started</State>
+        <State>Started</State>{configuration}
       </RoleInstance>
     </RoleInstanceList>
   </Container>
 </GoalState>
+"""
+
+# The IMDS api-versions Azure answers (instance-metadata-service.md, "Supported API versions");
+# any other gets 400 and this list's newest.
+IMDS_VERSIONS = [
+    "2017-03-01", "2017-04-02", "2017-08-01", "2017-10-01", "2017-12-01", "2018-02-01", "2018-04-02",
+    "2018-10-01", "2019-02-01", "2019-03-11", "2019-04-30", "2019-06-01", "2019-06-04", "2019-08-01",
+    "2019-08-15", "2019-11-01", "2020-06-01", "2020-07-15", "2020-09-01", "2020-10-01", "2020-12-01",
+    "2021-01-01", "2021-02-01", "2021-03-01", "2021-05-01", "2021-08-01", "2021-10-01", "2021-11-01",
+    "2021-11-15", "2021-12-13", "2022-02-01", "2022-03-01", "2022-07-01", "2022-08-01", "2022-11-15",
+    "2023-07-01", "2023-11-15", "2024-03-15", "2024-07-17", "2025-04-07",
+]
+# compute fields and the api-version that introduced them: an older version's document lacks them
+IMDS_FIELD_SINCE = {"publicKeys": "2018-04-02", "osProfile": "2020-07-15", "userData": "2021-01-01"}
+IMDS_OSPROFILE_SINCE = {"disablePasswordAuthentication": "2020-10-01"}
+
+# The goal state's <Configuration>: one URL per document, all on the WireServer itself.
+CONFIGURATION = """
+        <Configuration>
+          <HostingEnvironmentConfig>{base}?comp=config&amp;type=hostingEnvironmentConfig&amp;incarnation={inc}</HostingEnvironmentConfig>
+          <SharedConfig>{base}?comp=config&amp;type=sharedConfig&amp;incarnation={inc}</SharedConfig>
+          <ExtensionsConfig>{base}?comp=config&amp;type=extensionsConfig&amp;incarnation={inc}</ExtensionsConfig>
+          <FullConfig>{base}?comp=config&amp;type=fullConfig&amp;incarnation={inc}</FullConfig>
+          <ConfigName>{instance}.{inc}.xml</ConfigName>
+        </Configuration>"""
+
+HOSTING_ENVIRONMENT = """<?xml version="1.0" encoding="utf-8"?>
+<HostingEnvironmentConfig version="1.0.0.0" goalStateIncarnation="{inc}">
+  <StoredCertificates />
+  <Deployment name="{container}" guid="{{{container}}}" incarnation="{inc}" isNonCancellableTopologyChangeEnabled="false">
+    <Service name="{role}" guid="{{00000000-0000-0000-0000-000000000000}}" />
+    <ServiceInstance name="{container}.0" guid="{{{container}}}" />
+  </Deployment>
+  <Incarnation number="{inc}" instance="{instance}" guid="{{{container}}}" />
+  <Role guid="{{{container}}}" name="{role}" hostingEnvironmentVersion="1" software="" softwareType="ApplicationPackage" entryPoint="" parameters="" settleTimeSeconds="10" />
+  <HostingEnvironmentSettings name="full" Runtime="rd_fabric_stable.110217-1402.RuntimePackage_1.0.0.8.zip">
+    <CAS mode="full" />
+    <PrivilegeLevel mode="max" />
+    <AdditionalProperties><CgiHandlers></CgiHandlers></AdditionalProperties>
+  </HostingEnvironmentSettings>
+  <ApplicationSettings>
+    <Setting name="__ModelData" value="" />
+  </ApplicationSettings>
+  <ResourceReferences>
+    <Resource name="DiagnosticStore" type="directory" request="Microsoft.Cis.Fabric.Controller.Descriptions.ServiceDescription.Data.Policy" sticky="true" size="1" path="{instance}.DiagnosticStore" disableQuota="false" />
+  </ResourceReferences>
+</HostingEnvironmentConfig>
+"""
+
+SHARED_CONFIG = """<?xml version="1.0" encoding="utf-8"?>
+<SharedConfig version="1.0.0.0" goalStateIncarnation="{inc}">
+  <Deployment name="{container}" guid="{{{container}}}" incarnation="{inc}" isNonCancellableTopologyChangeEnabled="false">
+    <Service name="{role}" guid="{{00000000-0000-0000-0000-000000000000}}" />
+    <ServiceInstance name="{container}.0" guid="{{{container}}}" />
+  </Deployment>
+  <Incarnation number="{inc}" instance="{instance}" guid="{{{container}}}" />
+  <Role guid="{{{container}}}" name="{role}" settleTimeSeconds="10" />
+  <LoadBalancerSettings timeoutSeconds="0" waitLoadBalancerProbeCount="8">
+    <Probes>
+      <Probe name="D41D8CD98F00B204E9800998ECF8427E" />
+      <Probe name="C9DEC1518E1158748FA4B6081A8266DD" />
+    </Probes>
+  </LoadBalancerSettings>
+  <OutputEndpoints>
+    <Endpoint name="{role}:openInternalEndpoint" type="SFS">
+      <Target instance="{role}" endpoint="openInternalEndpoint" />
+    </Endpoint>
+  </OutputEndpoints>
+  <Instances>
+    <Instance id="{role}" address="{address}">
+      <FaultDomains randomId="0" updateId="0" updateCount="0" />
+      <InputEndpoints>
+        <Endpoint name="openInternalEndpoint" address="{address}" protocol="any" isPublic="false" enableDirectServerReturn="false" isDirectAddress="false" disableStealthMode="false">
+          <LocalPorts><LocalPortSelfManaged /></LocalPorts>
+        </Endpoint>
+      </InputEndpoints>
+    </Instance>
+  </Instances>
+</SharedConfig>
+"""
+
+# No extensions and no status blob: what a VM created without extensions is given.
+EXTENSIONS_CONFIG = """<?xml version="1.0" encoding="utf-8"?>
+<Extensions version="1.0.0.0" goalStateIncarnation="{inc}"><GuestAgentExtension xmlns:i="http://www.w3.org/2001/XMLSchema-instance">
+  <GAFamilies>
+    <GAFamily>
+      <Name>Prod</Name>
+      <Uris />
+    </GAFamily>
+  </GAFamilies>
+</GuestAgentExtension>
+<StatusUploadBlob statusBlobType="BlockBlob"></StatusUploadBlob>
+<InVMGoalStateMetaData inSvdSeqNo="0" createdOnTicks="0" activityId="{container}" correlationId="{container}" />
+</Extensions>
+"""
+
+FULL_CONFIG = """<?xml version="1.0" encoding="utf-8"?>
+<RoleInstance xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:noNamespaceSchemaLocation="RoleInstance.xsd">
+  <Incarnation>{inc}</Incarnation>
+  <Role name="{role}" />
+  <InstanceId>{instance}</InstanceId>
+  <ContainerId>{container}</ContainerId>
+</RoleInstance>
 """
 
 VERSIONS = """<?xml version="1.0" encoding="utf-8"?>
@@ -95,6 +203,11 @@ class Fabric:
         self.bump_always = args.bump_always
         self.container = args.container_id
         self.instance = args.instance_id
+        self.vm_address = args.vm_address
+        self.reprovision_ovf = None
+        if args.reprovision_ovf:
+            with open(args.reprovision_ovf, "rb") as f:
+                self.reprovision_ovf = f.read()
 
     def count(self, endpoint):
         with self.lock:
@@ -114,6 +227,22 @@ class Fabric:
         entry["t"] = round(time.time(), 3)
         with self.lock:
             self.log.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def imds_document(doc, version, extended):
+    """The instance document as IMDS serves it for `version`: without the fields that version
+    does not have yet, and `extended` only when asked for."""
+    doc = json.loads(json.dumps(doc))
+    if not extended:
+        doc.pop("extended", None)
+    compute = doc.get("compute", {})
+    for field, since in IMDS_FIELD_SINCE.items():
+        if version < since:
+            compute.pop(field, None)
+    for field, since in IMDS_OSPROFILE_SINCE.items():
+        if version < since and isinstance(compute.get("osProfile"), dict):
+            compute["osProfile"].pop(field, None)
+    return doc
 
 
 def make_handler(fabric, server_name):
@@ -181,17 +310,46 @@ def make_handler(fabric, server_name):
 
         def imds(self, url, query):
             h = self.headers
+            bad = lambda msg, **more: ("imds", 400, json.dumps({"error": msg, **more}).encode(), "application/json")
             if h.get("Metadata", "").lower() != "true" or "X-Forwarded-For" in h:
-                return ("imds", 400, json.dumps({"error": "Bad request. Required metadata header not specified"}).encode(), "application/json")
-            if "api-version" not in query:
-                return ("imds", 400, json.dumps({"error": "Bad request. api-version was not specified in the request",
-                                                 "newest-versions": ["2023-11-15"]}).encode(), "application/json")
-            if url.path.rstrip("/") != "/metadata/instance":
+                return bad("Bad request. Required metadata header not specified")
+            path = url.path.rstrip("/")
+            if path == "/metadata/versions":
+                return ("imds", 200, json.dumps({"apiVersions": IMDS_VERSIONS}).encode(), "application/json")
+            version = query.get("api-version", [""])[0]
+            if version not in IMDS_VERSIONS:
+                what = "was not specified" if not version else "is invalid"
+                return bad(f"Bad request. api-version {what} in the request. For more information refer to "
+                           "aka.ms/azureimds", **{"newest-versions": IMDS_VERSIONS[:-4:-1]})
+            if path == "/metadata/reprovisiondata":
+                return self.reprovisiondata()
+            if path != "/metadata/instance" and not path.startswith("/metadata/instance/"):
                 return ("imds", 404, b'{"error": "Not found"}', "application/json")
-            doc = json.loads(json.dumps(fabric.doc))
-            if query.get("extended") != ["true"]:
-                doc.pop("extended", None)
-            return ("imds", 200, json.dumps(doc).encode(), "application/json; charset=utf-8")
+            doc = imds_document(fabric.doc, version, query.get("extended") == ["true"])
+            node = doc
+            for part in [p for p in path[len("/metadata/instance"):].split("/") if p]:
+                if isinstance(node, dict) and part in node:
+                    node = node[part]
+                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                    node = node[int(part)]
+                else:
+                    return ("imds", 404, b'{"error": "Not found"}', "application/json")
+            if query.get("format") == ["text"]:
+                if isinstance(node, (dict, list)):
+                    # a node's text is its children's names, one per line, as Azure lists them
+                    names = [f"{k}/" if isinstance(v, (dict, list)) else k for k, v in node.items()] \
+                        if isinstance(node, dict) else [f"{i}/" for i in range(len(node))]
+                    return ("imds", 200, "\n".join(names).encode(), "text/plain; charset=utf-8")
+                text = node if isinstance(node, str) else json.dumps(node)
+                return ("imds", 200, text.encode(), "text/plain; charset=utf-8")
+            return ("imds", 200, json.dumps(node).encode(), "application/json; charset=utf-8")
+
+        def reprovisiondata(self):
+            # only a pre-provisioned VM (ppsType other than None) is handed its real OVF here
+            pps = fabric.doc.get("extended", {}).get("compute", {}).get("ppsType", "None")
+            if pps == "None" or not fabric.reprovision_ovf:
+                return ("reprovisiondata", 404, b'{"error": "Not found"}', "application/json")
+            return ("reprovisiondata", 200, fabric.reprovision_ovf, "text/xml; charset=utf-8")
 
         def wireserver(self, url, query, body, entry):
             comp = query.get("comp", [""])[0]
@@ -206,8 +364,25 @@ def make_handler(fabric, server_name):
                     if fabric.bump_after and (served == fabric.bump_after or fabric.bump_always):
                         fabric.incarnation += 1
                 entry["incarnation"] = inc
-                xml = GOAL_STATE.format(inc=inc, container=fabric.container, instance=fabric.instance)
+                host, port = self.server.server_address[:2]
+                base = f"http://{host}:{port}/machine/{fabric.container}/{fabric.instance}"
+                conf = CONFIGURATION.format(base=base, inc=inc, instance=fabric.instance)
+                xml = GOAL_STATE.format(inc=inc, container=fabric.container, instance=fabric.instance,
+                                        configuration=conf)
                 return ("goalstate", 200, xml.encode(), "text/xml; charset=utf-8")
+            if comp == "config" and self.command == "GET":
+                kind = query.get("type", [""])[0]
+                template = {"hostingEnvironmentConfig": HOSTING_ENVIRONMENT, "sharedConfig": SHARED_CONFIG,
+                            "extensionsConfig": EXTENSIONS_CONFIG, "fullConfig": FULL_CONFIG}.get(kind)
+                if template is None:
+                    return ("config", 404, b"", "text/plain")
+                with fabric.lock:
+                    inc = fabric.incarnation
+                xml = template.format(inc=inc, container=fabric.container, instance=fabric.instance,
+                                      role=fabric.instance.rsplit(".", 1)[-1], address=fabric.vm_address)
+                return ("config", 200, xml.encode(), "text/xml; charset=utf-8")
+            if comp in ("telemetrydata", "roleProperties") and self.command == "POST":
+                return (comp, 200, b"", "text/xml")
             if comp == "health" and self.command == "POST":
                 try:
                     root = ET.fromstring(body)
@@ -248,7 +423,7 @@ class Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def main():
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wireserver", default="168.63.129.16:80")
     p.add_argument("--imds", default="169.254.169.254:80")
@@ -260,13 +435,24 @@ def main():
     p.add_argument("--bump-always", action="store_true", help="with --bump-after-goalstate 1: a new incarnation after every goal state")
     p.add_argument("--container-id", default="a511aa6d-29e7-4f53-8788-55655dfe848f")
     p.add_argument("--instance-id", default="f6cd1d7ef1644557b9059345e5ba890c.azprov-test")
-    args = p.parse_args()
+    p.add_argument("--vm-address", default="10.44.0.4", help="the VM's address, for SharedConfig")
+    p.add_argument("--reprovision-ovf", help="the OVF /metadata/reprovisiondata serves when ppsType is not None")
+    return p
+
+
+def serve(args):
+    """Starts the WireServer and IMDS in threads; the two servers (shutdown() stops them)."""
     fabric = Fabric(args)
     servers = []
     for name, addr in (("wireserver", args.wireserver), ("imds", args.imds)):
         srv = Server(parse_addr(addr), make_handler(fabric, name))
         servers.append(srv)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return servers
+
+
+def main():
+    serve(parser().parse_args())
     print("fabric ready", flush=True)
     try:
         threading.Event().wait()

@@ -12,7 +12,9 @@ TCG only, unless a trial boot proves KVM works (on these machines /dev/kvm is a 
 nested hypervisor that cannot boot a stock kernel). Two scenarios run at a time. Each prints
 pass/fail and the time from QEMU start to the fabric receiving Ready.
 """
+import base64
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
@@ -37,6 +39,10 @@ VM_ID = "12345678-90ab-cdef-1234-567890abcdef"
 VM_TIMEOUT = 150
 # What Azure puts into the DMI chassis asset tag; without it azprov does nothing.
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+# The guest's NIC: a MAC from Azure's range and the address Azure gives a subnet's first VM;
+# dnsmasq binds the one to the other, and IMDS lists both as the VM's interface.
+GUEST_MAC = "00:0d:3a:12:34:56"
+GUEST_IP = "10.44.0.4"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl e2e@test"
 
 
@@ -169,6 +175,74 @@ def make_cd(work, hostname, fs="udf"):
     return iso
 
 
+def imds_interface(mac=GUEST_MAC, ip=GUEST_IP):
+    """IMDS's network.interface for the guest's NIC: MAC upper-case without colons, every
+    value a string."""
+    return [{"ipv4": {"ipAddress": [{"privateIpAddress": ip, "publicIpAddress": ""}],
+                      "subnet": [{"address": "10.44.0.0", "prefix": "24"}]},
+             "ipv6": {"ipAddress": []},
+             "macAddress": mac.replace(":", "").upper()}]
+
+
+def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_password=True):
+    """ovf-env.xml as Azure writes it to the provisioning CD: the provisioning section with the
+    keys inline (Value; Azure's Fingerprint needs the goal state's certificates) and the
+    PlatformSettingsSection Azure always sends (cloud-init refuses an OVF without it)."""
+    from xml.sax.saxutils import escape
+    keys_xml = "".join(
+        "<PublicKey><Fingerprint>{fp}</Fingerprint><Path>/home/{user}/.ssh/authorized_keys</Path>"
+        "<Value>{key}</Value></PublicKey>".format(
+            fp=hashlib.sha1(k.encode()).hexdigest().upper(), user=escape(user), key=escape(k.strip()))
+        for k in keys)
+    pw = f"<UserPassword>{escape(password)}</UserPassword>" if password else ""
+    custom = f"<CustomData>{base64.b64encode(custom_data).decode()}</CustomData>" if custom_data else ""
+    return f"""<?xml version="1.0" encoding="utf-8"?>
+<Environment xmlns="http://schemas.dmtf.org/ovf/environment/1" xmlns:oe="http://schemas.dmtf.org/ovf/environment/1" xmlns:wa="http://schemas.microsoft.com/windowsazure" xmlns:i="http://www.w3.org/2001/XMLSchema-instance">
+  <wa:ProvisioningSection>
+    <wa:Version>1.0</wa:Version>
+    <LinuxProvisioningConfigurationSet xmlns="http://schemas.microsoft.com/windowsazure" xmlns:i="http://www.w3.org/2001/XMLSchema-instance">
+      <ConfigurationSetType>LinuxProvisioningConfiguration</ConfigurationSetType>
+      <HostName>{escape(hostname)}</HostName>
+      <UserName>{escape(user)}</UserName>
+      {pw}
+      <DisableSshPasswordAuthentication>{"true" if disable_password else "false"}</DisableSshPasswordAuthentication>
+      <SSH><PublicKeys>{keys_xml}</PublicKeys></SSH>
+      {custom}
+    </LinuxProvisioningConfigurationSet>
+  </wa:ProvisioningSection>
+  <wa:PlatformSettingsSection>
+    <wa:Version>1.0</wa:Version>
+    <PlatformSettings xmlns="http://schemas.microsoft.com/windowsazure" xmlns:i="http://www.w3.org/2001/XMLSchema-instance">
+      <KmsServerHostname>kms.core.windows.net</KmsServerHostname>
+      <ProvisionGuestAgent>true</ProvisionGuestAgent>
+      <GuestAgentPackageName i:nil="true" />
+      <RetainWindowsPEPassInUnattend>true</RetainWindowsPEPassInUnattend>
+      <RetainOfflineServicingPassInUnattend>true</RetainOfflineServicingPassInUnattend>
+      <PreprovisionedVm>false</PreprovisionedVm>
+      <PreprovisionedVMType>None</PreprovisionedVMType>
+      <EnableTrustedImageIdentifier>false</EnableTrustedImageIdentifier>
+    </PlatformSettings>
+  </wa:PlatformSettingsSection>
+</Environment>
+"""
+
+
+def write_cd(work, ovf, custom_data=None):
+    """The provisioning CD as Azure makes it: UDF, volume rd_rdfe_stable, ovf-env.xml and, with
+    custom data, /CustomData.bin (the raw bytes, as Ignition reads them)."""
+    d = os.path.join(work, "cd")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "ovf-env.xml"), "w") as f:
+        f.write(ovf)
+    if custom_data:
+        with open(os.path.join(d, "CustomData.bin"), "wb") as f:
+            f.write(custom_data)
+    iso = os.path.join(work, "cd.iso")
+    sh("genisoimage", "-quiet", "-o", iso, "-udf", "-V", "rd_rdfe_stable", "-input-charset", "utf-8", d)
+    return iso
+
+
 def imds_doc(computer):
     return {
         "compute": {"location": "westeurope", "name": computer, "vmSize": "Standard_B1s",
@@ -176,9 +250,86 @@ def imds_doc(computer):
                                   "disablePasswordAuthentication": "true"},
                     "publicKeys": [{"keyData": KEY + "\r\n", "path": "/home/azureuser/.ssh/authorized_keys"}],
                     "userData": "", "customData": "", "vmId": VM_ID},
-        "network": {"interface": []},
+        "network": {"interface": imds_interface()},
         "extended": {"compute": {"hasCustomData": True, "ppsType": "None"}},
     }
+
+
+GRUB_MODULES = ["part_gpt", "part_msdos", "ext2", "normal", "linux", "search", "search_fs_uuid", "configfile",
+                "echo", "test", "serial", "terminal", "gzio", "boot"]
+BIOS_BOOT, ESP, LINUX_FS = ("21686148-6449-6E6F-744E-656564454649", "C12A7328-F81F-11D2-BA4B-00A0C93EC93B",
+                            "0FC63DAF-8483-4772-8E79-3D69D8477DE4")
+
+
+def bootable_disk(work, root_img, kver, initrd, out, append):
+    """An image as an image builder uploads it, bootable by BIOS and UEFI through GRUB, as
+    Debian's cloud images are: GPT with a BIOS boot partition (GRUB's core), an EFI system
+    partition (BOOTX64.EFI) and the root last. `root_img` is an ext4 image (UUID ROOT_UUID)
+    that holds /boot/vmlinuz-KVER; `initrd` and a grub.cfg booting both with `append` are
+    written into a copy of it. GRUB comes from the host's grub-pc-bin and grub-efi-amd64-bin,
+    installed without grub-install (which needs a block device): boot.img's first 440 bytes
+    go to the MBR pointing at the core, the core's first sector points at its second."""
+    os.makedirs(work, exist_ok=True)
+    root = os.path.join(work, "root-boot.img")
+    sh("cp", "--sparse=always", root_img, root)
+    cfg = os.path.join(work, "grub.cfg")
+    with open(cfg, "w") as f:
+        f.write("serial --unit=0 --speed=115200\nterminal_input serial console\nterminal_output serial console\n"
+                "set timeout=0\nset default=0\n"
+                f"menuentry 'Debian GNU/Linux' {{\n  search --no-floppy --fs-uuid --set=root {ROOT_UUID}\n"
+                f"  linux /boot/vmlinuz-{kver} root=UUID={ROOT_UUID} ro {append}\n"
+                f"  initrd /boot/initrd.img-{kver}\n}}\n")
+    for cmd in ("mkdir /boot/grub", f"write {cfg} /boot/grub/grub.cfg", f"rm /boot/initrd.img-{kver}",
+                f"write {initrd} /boot/initrd.img-{kver}"):
+        subprocess.run(["debugfs", "-w", "-R", cmd, root], capture_output=True, check=False)
+    if debugfs_cat(root, "/boot/grub/grub.cfg") is None:
+        raise RuntimeError("bootable_disk: could not write /boot/grub/grub.cfg into the root image")
+    early = os.path.join(work, "early.cfg")
+    with open(early, "w") as f:
+        f.write(f"search --no-floppy --fs-uuid --set=root {ROOT_UUID}\nset prefix=($root)/boot/grub\n")
+    core, efi = os.path.join(work, "core.img"), os.path.join(work, "BOOTX64.EFI")
+    sh("grub-mkimage", "-O", "i386-pc", "-o", core, "-c", early, "-p", "/boot/grub", "biosdisk", *GRUB_MODULES)
+    sh("grub-mkimage", "-O", "x86_64-efi", "-o", efi, "-c", early, "-p", "/boot/grub", "fat", "efi_gop",
+       "all_video", *GRUB_MODULES)
+    esp = os.path.join(work, "esp.img")
+    if os.path.exists(esp):
+        os.remove(esp)
+    sh("mkfs.vfat", "-C", "-n", "ESP", esp, str(16 * 1024), stdout=subprocess.DEVNULL)
+    sh("mmd", "-i", esp, "::/EFI", "::/EFI/BOOT")
+    sh("mcopy", "-i", esp, efi, "::/EFI/BOOT/BOOTX64.EFI")
+    # sectors: the core at 2048 (1 MiB), the ESP at 4096 (16 MiB), the root from 36864 to the end
+    root_sectors = os.path.getsize(root) // 512
+    total = (36864 + root_sectors + 34 + 2047) // 2048 * 2048
+    if os.path.exists(out):
+        os.remove(out)
+    with open(out, "wb") as f:
+        f.truncate(total * 512)
+    table = (f"label: gpt\nfirst-lba: 34\nstart=2048, size=2048, type={BIOS_BOOT}, name=bios\n"
+             f"start=4096, size=32768, type={ESP}, name=esp\n"
+             f"start=36864, size={root_sectors}, type={LINUX_FS}, name=root\n")
+    sh("sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", out, input=table.encode(), stdout=subprocess.DEVNULL)
+    for src, sector in ((esp, 4096), (root, 36864)):
+        sh("dd", f"if={src}", f"of={out}", "bs=1M", "conv=notrunc,sparse", "oflag=seek_bytes", f"seek={sector * 512}",
+           "status=none")
+    with open(core, "rb") as f:
+        core_img = bytearray(f.read())
+    if len(core_img) > 2048 * 512:
+        raise RuntimeError(f"bootable_disk: GRUB's core is {len(core_img)} bytes, more than its 1 MiB partition")
+    # diskboot's first blocklist (the last 12 bytes of the core's first sector): the sector
+    # the rest of the core starts at; grub-mkimage filled in its length
+    core_img[0x1F4:0x1FC] = (2048 + 1).to_bytes(8, "little")
+    with open("/usr/lib/grub/i386-pc/boot.img", "rb") as f:
+        boot_img = bytearray(f.read())
+    # boot.img's kernel_sector: where the core starts
+    boot_img[0x5C:0x64] = (2048).to_bytes(8, "little")
+    with open(out, "r+b") as f:
+        f.seek(0)
+        f.write(boot_img[:440])  # the protective MBR's partition entries and signature stay
+        f.seek(2048 * 512)
+        f.write(core_img)
+    os.remove(root)
+    os.remove(esp)
+    return out
 
 
 def debugfs_cat(img, path):
@@ -190,7 +341,7 @@ def debugfs_cat(img, path):
 class Fabric:
     """A namespace with tap0 for the guest, dnsmasq and the mock fabric."""
 
-    def __init__(self, work, tag, doc, playbook=(), option245=True):
+    def __init__(self, work, tag, doc, playbook=(), option245=True, fabric_args=()):
         self.ns = f"azq{os.getpid() % 10000}{tag}"
         self.work = work
         self.procs = []
@@ -211,7 +362,8 @@ class Fabric:
         self.dnsmasq_log = os.path.join(work, "dnsmasq.log")
         fab = subprocess.Popen(["ip", "netns", "exec", self.ns, "python3", os.path.join(HERE, "fabric.py"),
                                 "--log", self.fabric_log, "--imds-doc", os.path.join(work, "imds.json"),
-                                "--playbook", os.path.join(work, "playbook.json")],
+                                "--playbook", os.path.join(work, "playbook.json"), "--vm-address", GUEST_IP,
+                                *fabric_args],
                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self.procs.append(fab)
         assert fab.stdout.readline() == b"fabric ready\n"
@@ -219,8 +371,10 @@ class Fabric:
                 "--port=0", "--interface=tap0", "--bind-interfaces", "--user=root", "--no-ping",
                 "--dhcp-authoritative", "--log-dhcp", f"--log-facility={self.dnsmasq_log}",
                 f"--dhcp-leasefile={work}/dnsmasq.leases", f"--pid-file={work}/dnsmasq.pid",
-                "--dhcp-range=10.44.0.10,10.44.0.50,255.255.255.0,infinite"]
-        args += ["--dhcp-option=" + o for o in azure_dhcp_options("10.44.0.1")
+                "--dhcp-range=10.44.0.10,10.44.0.50,255.255.255.0,infinite",
+                f"--dhcp-host={GUEST_MAC},{GUEST_IP}"]
+        # Azure's DHCP sends every option unasked (option 245 too, which few clients ask for)
+        args += ["--dhcp-option-force=" + o for o in azure_dhcp_options("10.44.0.1")
                  if option245 or not o.startswith("245,")]
         self.procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL))
         for _ in range(200):
@@ -254,7 +408,7 @@ class Fabric:
 def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384"):
     a = ["qemu-system-x86_64", "-accel", accel, "-m", mem, "-smp", "1", "-nodefaults", "-display", "none",
          "-no-reboot", "-uuid", DMI_UUID, "-kernel", kernel_img, "-initrd", initrd, "-append", append,
-         "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0"]
+         "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}"]
     # a .qcow2 root is an overlay on a shared raw image (qemu-tests/distro)
     fmt = "qcow2" if root_img.endswith(".qcow2") else "raw"
     if azure:
@@ -644,7 +798,7 @@ def run_arm64(ctx):
                "-bios", "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd",
                "-smbios", f"type=3,asset={AZURE_ASSET_TAG}",
                "-kernel", kernel_img, "-initrd", initrd, "-append", append,
-               "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", "virtio-net-pci,netdev=n0",
+               "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}",
                "-device", "virtio-scsi-pci,id=scsi0",
                "-drive", f"file={root},format=raw,if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0",
                "-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
