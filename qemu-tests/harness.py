@@ -265,8 +265,8 @@ def bootable_disk(work, root_img, kver, initrd, out, append):
     """An image as an image builder uploads it, bootable by BIOS and UEFI through GRUB, as
     Debian's cloud images are: GPT with a BIOS boot partition (GRUB's core), an EFI system
     partition (BOOTX64.EFI) and the root last. `root_img` is an ext4 image (UUID ROOT_UUID)
-    that holds /boot/vmlinuz-KVER; `initrd` and a grub.cfg booting both with `append` are
-    written into a copy of it. GRUB comes from the host's grub-pc-bin and grub-efi-amd64-bin,
+    that holds /boot/vmlinuz-KVER and /boot/initrd.img-KVER (replaced by `initrd` when given);
+    a grub.cfg booting them with `append` is written into a copy of it. GRUB comes from the host's grub-pc-bin and grub-efi-amd64-bin,
     installed without grub-install (which needs a block device): boot.img's first 440 bytes
     go to the MBR pointing at the core, the core's first sector points at its second."""
     os.makedirs(work, exist_ok=True)
@@ -279,8 +279,10 @@ def bootable_disk(work, root_img, kver, initrd, out, append):
                 f"menuentry 'Debian GNU/Linux' {{\n  search --no-floppy --fs-uuid --set=root {ROOT_UUID}\n"
                 f"  linux /boot/vmlinuz-{kver} root=UUID={ROOT_UUID} ro {append}\n"
                 f"  initrd /boot/initrd.img-{kver}\n}}\n")
-    for cmd in ("mkdir /boot/grub", f"write {cfg} /boot/grub/grub.cfg", f"rm /boot/initrd.img-{kver}",
-                f"write {initrd} /boot/initrd.img-{kver}"):
+    cmds = ["mkdir /boot/grub", f"write {cfg} /boot/grub/grub.cfg"]
+    if initrd:  # else the root's own
+        cmds += [f"rm /boot/initrd.img-{kver}", f"write {initrd} /boot/initrd.img-{kver}"]
+    for cmd in cmds:
         subprocess.run(["debugfs", "-w", "-R", cmd, root], capture_output=True, check=False)
     if debugfs_cat(root, "/boot/grub/grub.cfg") is None:
         raise RuntimeError("bootable_disk: could not write /boot/grub/grub.cfg into the root image")
