@@ -15,7 +15,9 @@ Behaves like Azure where azprov, cloud-init and waagent depend on it:
     /metadata/versions; /metadata/reprovisiondata (404 unless the VM is pre-provisioned).
   * The WireServer serves /?comp=versions and the goal state (x-ms-version required) with its
     <Configuration> URLs (HostingEnvironmentConfig, SharedConfig, ExtensionsConfig,
-    FullConfig), each of which answers; a health POST whose GoalStateIncarnation is not the
+    FullConfig), each of which answers; azure-init's JSON /provisioning/health and waagent's
+    /HealthService observations are taken; the HostGAPlugin (port 32526) answers /versions and
+    /health, takes status PUTs and has no FastTrack (/vmSettings 404); a health POST whose GoalStateIncarnation is not the
     current one gets 410 Gone. The incarnation moves on after the Nth goal state served
     (--bump-after-goalstate), as when boot diagnostics are toggled. Telemetry POSTs get 200.
   * A playbook of faults per request: a JSON list of
@@ -306,6 +308,8 @@ def make_handler(fabric, server_name):
         def route(self, url, query, body, entry):
             if server_name == "imds":
                 return self.imds(url, query)
+            if server_name == "hostgaplugin":
+                return self.hostgaplugin(url)
             return self.wireserver(url, query, body, entry)
 
         def imds(self, url, query):
@@ -344,6 +348,22 @@ def make_handler(fabric, server_name):
                 return ("imds", 200, text.encode(), "text/plain; charset=utf-8")
             return ("imds", 200, json.dumps(node).encode(), "application/json; charset=utf-8")
 
+        def hostgaplugin(self, url):
+            # a HostGAPlugin without FastTrack: /vmSettings is 404, which waagent takes as "use
+            # the WireServer's ExtensionsConfig" (a refused connection makes waagent 2.7.3 on
+            # Python 3.11 fail the whole goal state)
+            path = url.path.rstrip("/")
+            if path == "/versions" and self.command == "GET":
+                return ("hgap", 200, json.dumps(["2015-09-01", "2012-11-30"]).encode(), "application/json")
+            if path == "/health" and self.command == "GET":
+                return ("hgap", 200, b"", "text/plain")
+            if path in ("/status", "/vmAgentLog") and self.command == "PUT":
+                return ("hgap", 200, b"", "text/plain")
+            return ("hgap", 404, b"", "text/plain")
+
+        def do_PUT(self):
+            self.do_POST()
+
         def reprovisiondata(self):
             # only a pre-provisioned VM (ppsType other than None) is handed its real OVF here
             pps = fabric.doc.get("extended", {}).get("compute", {}).get("ppsType", "None")
@@ -355,6 +375,25 @@ def make_handler(fabric, server_name):
             comp = query.get("comp", [""])[0]
             if comp == "versions":
                 return ("versions", 200, VERSIONS.encode(), "text/xml; charset=utf-8")
+            if url.path.rstrip("/") == "/provisioning/health" and self.command == "POST":
+                # azure-init's JSON report (no goal state, no incarnation, no x-ms-version)
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    return ("health", 400, b"", "text/plain")
+                details = doc.get("details") or {}
+                entry["state"], entry["substatus"] = doc.get("state"), details.get("subStatus")
+                entry["description"] = details.get("description")
+                if entry["state"] not in ("Ready", "NotReady"):
+                    return ("health", 400, b"", "text/plain")
+                return ("health", 200, b"", "text/plain")
+            if url.path.rstrip("/") == "/HealthService" and self.command == "POST":
+                # waagent's JSON observations of its plugin's and IMDS's health: no x-ms-version
+                try:
+                    json.loads(body or b"null")
+                except ValueError:
+                    return ("healthservice", 400, b"", "text/plain")
+                return ("healthservice", 200, b"", "text/plain")
             if self.headers.get("x-ms-version") is None:
                 return ("unknown", 400, b"<Error><Code>MissingHeader</Code></Error>", "text/xml")
             if comp == "goalstate" and self.command == "GET":
@@ -427,6 +466,7 @@ def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wireserver", default="168.63.129.16:80")
     p.add_argument("--imds", default="169.254.169.254:80")
+    p.add_argument("--hostgaplugin", default="168.63.129.16:32526")
     p.add_argument("--log", required=True)
     p.add_argument("--imds-doc")
     p.add_argument("--playbook")
@@ -444,7 +484,7 @@ def serve(args):
     """Starts the WireServer and IMDS in threads; the two servers (shutdown() stops them)."""
     fabric = Fabric(args)
     servers = []
-    for name, addr in (("wireserver", args.wireserver), ("imds", args.imds)):
+    for name, addr in (("wireserver", args.wireserver), ("imds", args.imds), ("hostgaplugin", args.hostgaplugin)):
         srv = Server(parse_addr(addr), make_handler(fabric, name))
         servers.append(srv)
         threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -362,6 +362,11 @@ class Fabric:
             json.dump(list(playbook), f)
         self.fabric_log = os.path.join(work, "fabric.jsonl")
         self.dnsmasq_log = os.path.join(work, "dnsmasq.log")
+        # a work directory used again (the second boot of a scenario, try-image --work) starts
+        # with empty logs and no old lease
+        for stale in (self.fabric_log, self.dnsmasq_log, os.path.join(work, "dnsmasq.leases")):
+            if os.path.exists(stale):
+                os.remove(stale)
         fab = subprocess.Popen(["ip", "netns", "exec", self.ns, "python3", os.path.join(HERE, "fabric.py"),
                                 "--log", self.fabric_log, "--imds-doc", os.path.join(work, "imds.json"),
                                 "--playbook", os.path.join(work, "playbook.json"), "--vm-address", GUEST_IP,

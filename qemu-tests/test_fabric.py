@@ -41,7 +41,8 @@ class FabricTest(unittest.TestCase):
         with open(doc_path, "w") as f:
             json.dump(cls.doc, f)
         cls.log = os.path.join(cls.tmp.name, "fabric.jsonl")
-        args = fabric.parser().parse_args(["--wireserver", "127.0.0.1:0", "--imds", "127.0.0.1:0", "--log", cls.log,
+        args = fabric.parser().parse_args(["--wireserver", "127.0.0.1:0", "--imds", "127.0.0.1:0", "--hostgaplugin", "127.0.0.1:0",
+                                           "--log", cls.log,
                                            "--imds-doc", doc_path])
         cls.servers = fabric.serve(args)
         cls.ws = "http://127.0.0.1:%d" % cls.servers[0].server_address[1]
@@ -116,6 +117,26 @@ class FabricTest(unittest.TestCase):
         self.assertEqual(self.get(self.ws + "/?comp=versions")[0], 200)
         self.assertEqual(self.get(self.ws + "/machine?comp=telemetrydata", {"x-ms-version": "2012-11-30"},
                                   b"<TelemetryData/>")[0], 200)
+
+    def test_the_json_health_endpoints(self):
+        status, _ = self.get(self.ws + "/provisioning/health", {"Content-Type": "application/json"},
+                             b'{"state":"NotReady","details":{"subStatus":"ProvisioningFailed","description":"x"}}')
+        self.assertEqual(status, 200)
+        entry = [json.loads(l) for l in open(self.log)][-1]
+        self.assertEqual((entry["state"], entry["substatus"]), ("NotReady", "ProvisioningFailed"))
+        self.assertEqual(self.get(self.ws + "/provisioning/health", {}, b'{"state":"Fine"}')[0], 400)
+        self.assertEqual(self.get(self.ws + "/HealthService", {"Content-Type": "application/json"},
+                                  b'{"Api": "reporttargethealth", "Observations": []}')[0], 200)
+
+    def test_the_hostgaplugin_answers_as_one_without_fasttrack(self):
+        hgap = "http://127.0.0.1:%d" % self.servers[2].server_address[1]
+        status, body = self.get(hgap + "/versions")
+        self.assertEqual(status, 200)
+        self.assertIn("2015-09-01", json.loads(body))
+        self.assertEqual(self.get(hgap + "/vmSettings")[0], 404)
+        req = urllib.request.Request(hgap + "/status", data=b"{}", method="PUT")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            self.assertEqual(r.status, 200)
 
     # ------------------------------------------------------------ IMDS
     def test_imds_serves_the_recorded_document_for_the_newest_versions(self):
