@@ -128,7 +128,7 @@ def xfs_protofile(tree, out):
 
 
 def make_root(work, name="root.img", busybox=None, fs="ext4"):
-    """An ext4 (or xfs) root made from the Debian-like fixture tree, with busybox (the host's,
+    """An ext4 (or xfs, or btrfs) root made from the Debian-like fixture tree, with busybox (the host's,
     or `busybox` for another architecture) and the test init."""
     tree = os.path.join(work, "roottree")
     shutil.rmtree(tree, ignore_errors=True)
@@ -153,6 +153,11 @@ def make_root(work, name="root.img", busybox=None, fs="ext4"):
         with open(img, "wb") as f:
             f.truncate(320 << 20)
         sh("mkfs.xfs", "-q", "-f", "-L", "azroot", "-m", f"uuid={ROOT_UUID}", "-p", proto, img,
+           stdout=subprocess.DEVNULL)
+    elif fs == "btrfs":
+        with open(img, "wb") as f:
+            f.truncate(160 << 20)
+        sh("mkfs.btrfs", "-q", "-f", "-L", "azroot", "-U", ROOT_UUID, "--rootdir", tree, img,
            stdout=subprocess.DEVNULL)
     else:
         sh("mkfs.ext4", "-q", "-F", "-L", "azroot", "-U", ROOT_UUID, "-E", "root_owner=0:0", "-d", tree, img,
@@ -642,6 +647,38 @@ def run_growroot(ctx):
         fabric.close()
 
 
+def run_growroot_fs(ctx, fs):
+    """growroot of an xfs or btrfs root (Gen2's SCSI disk, GPT, 256 MiB behind the image): the
+    partition and the filesystem grow online by the filesystem's own ioctl; the second boot
+    finds nothing to do."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc(f"e2e-grow-{fs}"))
+    try:
+        img = make_root(work, fs=fs)
+        img_mib = os.path.getsize(img) >> 20
+        disk = partitioned(work, img, "gpt", img_mib + 256)
+        cd = make_cd(work, f"e2e-grow-{fs}")
+        _start, took, out, rc = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        c(rc == 0 and "REALROOT-DONE" in out, "the first boot did not reach the real init")
+        grew = re.search(rf"growroot: partition sda1 \+25\d MiB \(GPT\) in \d+ ms; {fs} (\d+) MiB -> (\d+) MiB in \d+ ms",
+                         out)
+        c(grew is not None and int(grew.group(1)) <= img_mib and int(grew.group(2)) >= img_mib + 250,
+          f"growroot did not grow the GPT partition and {fs}: "
+          f"{next((l for l in out.splitlines() if 'growroot' in l), None)!r}")
+        # df counts what the filesystem can hold: xfs keeps its 64 MiB log out of it
+        size = re.search(r"REALROOT rootsize=(\d+)", out)
+        grown_mib = int(grew.group(2)) if grew else img_mib + 256
+        c(size is not None and int(size.group(1)) > img_mib * 1024 and int(size.group(1)) >= (grown_mib - 80) * 1024,
+          f"the real root's {fs} does not hold ~{grown_mib} MiB: {size and size.group(1)} KiB")
+        _s, _t, out2, rc2 = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        c(rc2 == 0 and "growroot: skipped: sda1 fills its disk already" in out2,
+          "the second boot did not find the root grown already")
+        return c, ready_after(fabric, _start), took, out + out2
+    finally:
+        fabric.close()
+
+
 def run_growroot_mbr(ctx):
     """growroot on an MBR disk (Gen1's virtio disk): the root partition grows; with a partition
     behind it, it is left alone and the boot says why."""
@@ -842,6 +879,8 @@ SCENARIOS = {
     "arm64": run_arm64,
     "growroot": run_growroot,
     "growroot-mbr": run_growroot_mbr,
+    "growroot-xfs": lambda ctx: run_growroot_fs(ctx, "xfs"),
+    "growroot-btrfs": lambda ctx: run_growroot_fs(ctx, "btrfs"),
 }
 
 

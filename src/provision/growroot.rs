@@ -3,9 +3,10 @@
 //! resize2fs) and Ubuntu's initramfs do this, so an image that drops cloud-init for azprov
 //! must not lose it. The root's partition, when it is the last on its disk, is extended to the
 //! disk's end (`early::grow` plans the table; the writes go in its safe order, each synced),
-//! the kernel told (BLKPG), and the filesystem grown online (ext4's resize ioctl). Skipped with
+//! the kernel told (BLKPG), and the filesystem grown online by its own ioctl (ext4
+//! EXT4_IOC_RESIZE_FS, xfs XFS_IOC_FSGROWFSDATA, btrfs BTRFS_IOC_RESIZE "1:max"). Skipped with
 //! one line saying why: device-mapper (LVM, LUKS), a partition that is not last, less than
-//! 1 MiB to gain, a filesystem azprov cannot grow yet (xfs, btrfs). `azprov.growroot=0` turns
+//! 1 MiB to gain, another filesystem, a btrfs on several devices. `azprov.growroot=0` turns
 //! it off. Runs on the mounted root in both modes, before anything is written into it.
 
 use crate::early::grow::{self, Skip};
@@ -21,12 +22,33 @@ struct Dev {
     partition: Option<(String, u32)>,
 }
 
+/// The source device of the mount at `mount` in /proc/self/mountinfo (btrfs gives its
+/// mounts an anonymous st_dev; its source names the partition).
+fn mount_source(mount: &Path) -> Option<std::path::PathBuf> {
+    let want = std::fs::canonicalize(mount).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+        let mut fields = l.split(' ');
+        let point = fields.nth(4)?;
+        let (_, after) = l.split_once(" - ")?;
+        let source = after.split(' ').nth(1)?;
+        (Path::new(&point.replace("\\040", " ")) == want && source.starts_with("/dev/"))
+            .then(|| std::path::PathBuf::from(source))
+    })
+}
+
 fn sysfs_dev(mount: &Path, sys: &Path) -> Result<Dev, String> {
     let st = std::fs::metadata(mount).map_err(|e| format!("stat {}: {e}", mount.display()))?;
-    let (maj, min) = (
-        nix::sys::stat::major(st.dev()),
-        nix::sys::stat::minor(st.dev()),
-    );
+    let mut id = st.dev();
+    if nix::sys::stat::major(id) == 0 {
+        if let Some(source) = mount_source(mount) {
+            id = std::fs::metadata(&source)
+                .map_err(|e| format!("stat {}: {e}", source.display()))?
+                .rdev();
+        }
+    }
+    let (maj, min) = (nix::sys::stat::major(id), nix::sys::stat::minor(id));
     let link = sys.join(format!("dev/block/{maj}:{min}"));
     let path = std::fs::canonicalize(&link)
         .map_err(|_| format!("{maj}:{min} is not a block device (a virtual root?)"))?;
@@ -68,6 +90,19 @@ fn ext4_blocks(dev: &Path) -> Option<(u64, u64)> {
         0
     };
     Some((bs, (hi << 32) | lo))
+}
+
+/// A single-device btrfs's size on its device (the superblock's dev_item total_bytes), or
+/// None for another filesystem or one spanning several devices.
+fn btrfs_dev_bytes(dev: &Path) -> Option<u64> {
+    let f = File::open(dev).ok()?;
+    let mut sb = vec![0u8; 4096];
+    f.read_exact_at(&mut sb, 65536).ok()?;
+    let le64 = |at: usize| crate::early::block::le64(&sb, at);
+    if sb.get(0x40..0x48)? != b"_BHRfS_M" || le64(0x88)? != 1 || le64(0xc9)? != 1 {
+        return None;
+    }
+    le64(0xd1)
 }
 
 /// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
@@ -152,13 +187,50 @@ pub fn run<G>(
                 ));
             }
         }
+        Some("xfs") => {
+            let dir = File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
+            let geo = crate::sys::mount::xfs_geometry(&dir)
+                .map_err(|e| format!("xfs geometry of {}: {e}", d.name))?;
+            let bs = u64::from(geo.block_size.max(512));
+            let target = part_bytes / bs;
+            if target > geo.data_blocks && (target - geo.data_blocks) * bs >= grow::MIN_GAIN {
+                guard.get_or_insert_with(&writable);
+                let t = Instant::now();
+                crate::sys::mount::xfs_grow(&dir, target, geo.imaxpct)
+                    .map_err(|e| format!("xfs grow of {}: {e}", d.name))?;
+                done.push(format!(
+                    "xfs {} MiB -> {} MiB in {} ms",
+                    (geo.data_blocks * bs) >> 20,
+                    (target * bs) >> 20,
+                    t.elapsed().as_millis()
+                ));
+            }
+        }
+        Some("btrfs") => {
+            let size = btrfs_dev_bytes(&node)
+                .ok_or("btrfs on more than one device (or an unreadable superblock)")?;
+            if part_bytes > size && part_bytes - size >= grow::MIN_GAIN {
+                guard.get_or_insert_with(&writable);
+                let t = Instant::now();
+                let dir =
+                    File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
+                crate::sys::mount::btrfs_resize_max(&dir)
+                    .map_err(|e| format!("btrfs resize of {}: {e}", d.name))?;
+                done.push(format!(
+                    "btrfs {} MiB -> {} MiB in {} ms",
+                    size >> 20,
+                    part_bytes >> 20,
+                    t.elapsed().as_millis()
+                ));
+            }
+        }
         Some(other) if done.is_empty() => {
             return Err(format!(
-                "{} holds {other}, which azprov does not grow yet",
+                "{} holds {other}, which azprov does not grow",
                 d.name
             ));
         }
-        Some(other) => done.push(format!("{other} not grown (not supported yet)")),
+        Some(other) => done.push(format!("{other} not grown (not supported)")),
         None => return Err(format!("{}: no filesystem azprov recognises", d.name)),
     }
     drop(guard);

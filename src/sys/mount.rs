@@ -218,3 +218,119 @@ pub fn ext4_resize(dir: &std::fs::File, blocks: u64) -> Result<(), Errno> {
     let rc = unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_RESIZE_FS as _, &mut n as *mut u64) };
     Errno::result(rc).map(drop)
 }
+
+/// The mounted xfs filesystem's geometry that growing needs: block size, data blocks and the
+/// inode space limit (XFS_IOC_FSGEOMETRY_V4, which every kernel since 2.6 answers).
+pub struct XfsGeometry {
+    pub block_size: u32,
+    pub data_blocks: u64,
+    pub imaxpct: u32,
+}
+
+/// XFS_IOC_FSGEOMETRY_V4 on the mounted xfs filesystem `dir` is open on.
+pub fn xfs_geometry(dir: &std::fs::File) -> Result<XfsGeometry, Errno> {
+    /// struct xfs_fsop_geom_v4 (linux xfs_fs.h): 112 bytes.
+    #[repr(C)]
+    #[derive(Default)]
+    struct XfsFsopGeomV4 {
+        blocksize: u32,
+        rtextsize: u32,
+        agblocks: u32,
+        agcount: u32,
+        logblocks: u32,
+        sectsize: u32,
+        inodesize: u32,
+        imaxpct: u32,
+        datablocks: u64,
+        rtblocks: u64,
+        rtextents: u64,
+        logstart: u64,
+        uuid: [u8; 16],
+        sunit: u32,
+        swidth: u32,
+        version: i32,
+        flags: u32,
+        logsectsize: u32,
+        rtsectsize: u32,
+        dirblocksize: u32,
+        logsunit: u32,
+    }
+    const _: () = assert!(std::mem::size_of::<XfsFsopGeomV4>() == 112);
+    // _IOR('X', 124, struct xfs_fsop_geom_v4)
+    const XFS_IOC_FSGEOMETRY_V4: libc::c_ulong = 0x8070_587c;
+    let mut geom = XfsFsopGeomV4::default();
+    // SAFETY: `geom` has the layout of struct xfs_fsop_geom_v4, which the kernel fills, and
+    // lives across the call; the descriptor is open for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            XFS_IOC_FSGEOMETRY_V4 as _,
+            &mut geom as *mut XfsFsopGeomV4,
+        )
+    };
+    Errno::result(rc)?;
+    Ok(XfsGeometry {
+        block_size: geom.blocksize,
+        data_blocks: geom.datablocks,
+        imaxpct: geom.imaxpct,
+    })
+}
+
+/// XFS_IOC_FSGROWFSDATA on the mounted xfs filesystem `dir` is open on: grows its data
+/// section online to `blocks` blocks, keeping the inode space limit `imaxpct`.
+pub fn xfs_grow(dir: &std::fs::File, blocks: u64, imaxpct: u32) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct XfsGrowfsData {
+        newblocks: u64,
+        imaxpct: u32,
+    }
+    const _: () = assert!(std::mem::size_of::<XfsGrowfsData>() == 16);
+    // _IOW('X', 110, struct xfs_growfs_data)
+    const XFS_IOC_FSGROWFSDATA: libc::c_ulong = 0x4010_586e;
+    let mut arg = XfsGrowfsData {
+        newblocks: blocks,
+        imaxpct,
+    };
+    // SAFETY: `arg` has the layout of struct xfs_growfs_data (linux xfs_fs.h) and lives across
+    // the call; the descriptor is open for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            XFS_IOC_FSGROWFSDATA as _,
+            &mut arg as *mut XfsGrowfsData,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// BTRFS_IOC_RESIZE on the mounted btrfs filesystem `dir` is open on: device 1 (a root on
+/// one partition) grows to the end of its device ("1:max", as `btrfs filesystem resize max`).
+pub fn btrfs_resize_max(dir: &std::fs::File) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct BtrfsVolArgs {
+        fd: i64,
+        name: [u8; 4088],
+    }
+    const _: () = assert!(std::mem::size_of::<BtrfsVolArgs>() == 4096);
+    // _IOW(0x94, 3, struct btrfs_ioctl_vol_args)
+    const BTRFS_IOC_RESIZE: libc::c_ulong = 0x5000_9403;
+    let mut arg = BtrfsVolArgs {
+        fd: 0,
+        name: [0; 4088],
+    };
+    for (to, from) in arg.name.iter_mut().zip(b"1:max") {
+        *to = *from;
+    }
+    // SAFETY: `arg` has the layout of struct btrfs_ioctl_vol_args (linux btrfs.h), its name
+    // NUL-terminated, and lives across the call; the descriptor is open for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            BTRFS_IOC_RESIZE as _,
+            &mut arg as *mut BtrfsVolArgs,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
