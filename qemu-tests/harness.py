@@ -23,6 +23,7 @@ import stat
 import subprocess
 import sys
 import time
+from xml.sax.saxutils import escape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(HERE)
@@ -168,16 +169,9 @@ def make_root(work, name="root.img", busybox=None, fs="ext4"):
 
 def make_cd(work, hostname, fs="udf"):
     """The provisioning CD: UDF as Azure's, or iso9660 (Rock Ridge) as Azure Stack's may be."""
-    d = os.path.join(work, "cd")
-    os.makedirs(d, exist_ok=True)
     with open(os.path.join(FIXTURES, "ovf", "wala.xml")) as f:
         ovf = f.read().replace("vm-wala", hostname)
-    with open(os.path.join(d, "ovf-env.xml"), "w") as f:
-        f.write(ovf)
-    iso = os.path.join(work, "cd.iso")
-    kind = ["-udf"] if fs == "udf" else ["-R"]
-    sh("genisoimage", "-quiet", "-o", iso, *kind, "-V", "rd_rdfe_stable", "-input-charset", "utf-8", d)
-    return iso
+    return write_cd(work, ovf, fs=fs)
 
 
 def imds_interface(mac=GUEST_MAC, ip=GUEST_IP):
@@ -193,7 +187,6 @@ def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_pa
     """ovf-env.xml as Azure writes it to the provisioning CD: the provisioning section with the
     keys inline (Value; Azure's Fingerprint needs the goal state's certificates) and the
     PlatformSettingsSection Azure always sends (cloud-init refuses an OVF without it)."""
-    from xml.sax.saxutils import escape
     keys_xml = "".join(
         "<PublicKey><Fingerprint>{fp}</Fingerprint><Path>/home/{user}/.ssh/authorized_keys</Path>"
         "<Value>{key}</Value></PublicKey>".format(
@@ -232,9 +225,10 @@ def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_pa
 """
 
 
-def write_cd(work, ovf, custom_data=None):
-    """The provisioning CD as Azure makes it: UDF, volume rd_rdfe_stable, ovf-env.xml and, with
-    custom data, /CustomData.bin (the raw bytes, as Ignition reads them)."""
+def write_cd(work, ovf, custom_data=None, fs="udf"):
+    """The provisioning CD as Azure makes it: UDF (or iso9660 with Rock Ridge), volume
+    rd_rdfe_stable, ovf-env.xml and, with custom data, /CustomData.bin (the raw bytes, as
+    Ignition reads them)."""
     d = os.path.join(work, "cd")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -244,7 +238,8 @@ def write_cd(work, ovf, custom_data=None):
         with open(os.path.join(d, "CustomData.bin"), "wb") as f:
             f.write(custom_data)
     iso = os.path.join(work, "cd.iso")
-    sh("genisoimage", "-quiet", "-o", iso, "-udf", "-V", "rd_rdfe_stable", "-input-charset", "utf-8", d)
+    kind = ["-udf"] if fs == "udf" else ["-R"]
+    sh("genisoimage", "-quiet", "-o", iso, *kind, "-V", "rd_rdfe_stable", "-input-charset", "utf-8", d)
     return iso
 
 

@@ -168,6 +168,8 @@ pub fn run<G>(
     // partition and the filesystem)
     let part_bytes = sectors(sys, &d.name).ok_or(format!("no size for {}", d.name))? * 512;
     let node = dev.join(&d.name);
+    // each filesystem's grow ioctl goes to its mounted root
+    let dir = File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
     match crate::early::block::probe_device(&node).map(|i| i.fstype) {
         Some("ext4") => {
             let (bs, blocks) = ext4_blocks(&node).ok_or("cannot read the ext4 superblock")?;
@@ -175,8 +177,6 @@ pub fn run<G>(
             if target > blocks && (target - blocks) * bs >= grow::MIN_GAIN {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
-                let dir =
-                    File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
                 crate::sys::mount::ext4_resize(&dir, target)
                     .map_err(|e| format!("ext4 resize of {}: {e}", d.name))?;
                 done.push(format!(
@@ -188,7 +188,6 @@ pub fn run<G>(
             }
         }
         Some("xfs") => {
-            let dir = File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
             let geo = crate::sys::mount::xfs_geometry(&dir)
                 .map_err(|e| format!("xfs geometry of {}: {e}", d.name))?;
             let bs = u64::from(geo.block_size.max(512));
@@ -212,8 +211,6 @@ pub fn run<G>(
             if part_bytes > size && part_bytes - size >= grow::MIN_GAIN {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
-                let dir =
-                    File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
                 crate::sys::mount::btrfs_resize_max(&dir)
                     .map_err(|e| format!("btrfs resize of {}: {e}", d.name))?;
                 done.push(format!(

@@ -169,7 +169,6 @@ pub fn resize_partition(
     start: u64,
     length: u64,
 ) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
     #[repr(C)]
     struct BlkpgPartition {
         start: i64,
@@ -203,20 +202,33 @@ pub fn resize_partition(
     // SAFETY: `arg` and the partition it points at live across the call and have the layout of
     // the kernel's struct blkpg_ioctl_arg and blkpg_partition (linux/blkpg.h); the descriptor
     // is open for the call.
-    let rc = unsafe { libc::ioctl(disk.as_raw_fd(), BLKPG as _, &mut arg as *mut BlkpgIoctlArg) };
+    unsafe { ioctl_arg(disk, BLKPG, &mut arg) }
+}
+
+/// One ioctl on `fd` with `arg` as the request's argument.
+///
+/// # Safety
+/// `T` must have the layout (repr(C), the kernel's size) of the struct `request` reads or
+/// writes.
+unsafe fn ioctl_arg<T>(
+    fd: &impl AsRawFd,
+    request: libc::c_ulong,
+    arg: &mut T,
+) -> Result<(), Errno> {
+    // SAFETY: the caller vouches for T's layout; `arg` is a live, exclusive reference for the
+    // call, and the descriptor is open for it.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg as *mut T) };
     Errno::result(rc).map(drop)
 }
 
 /// EXT4_IOC_RESIZE_FS on the mounted ext4 filesystem `dir` is open on: grows it online to
 /// `blocks` blocks of its own size.
 pub fn ext4_resize(dir: &std::fs::File, blocks: u64) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
     const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
     let mut n = blocks;
     // SAFETY: the kernel reads one u64 from `n`, which lives across the call; the descriptor
     // is open for the call.
-    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_RESIZE_FS as _, &mut n as *mut u64) };
-    Errno::result(rc).map(drop)
+    unsafe { ioctl_arg(dir, EXT4_IOC_RESIZE_FS, &mut n) }
 }
 
 /// The mounted xfs filesystem's geometry that growing needs: block size, data blocks and the
@@ -261,14 +273,7 @@ pub fn xfs_geometry(dir: &std::fs::File) -> Result<XfsGeometry, Errno> {
     let mut geom = XfsFsopGeomV4::default();
     // SAFETY: `geom` has the layout of struct xfs_fsop_geom_v4, which the kernel fills, and
     // lives across the call; the descriptor is open for the call.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            XFS_IOC_FSGEOMETRY_V4 as _,
-            &mut geom as *mut XfsFsopGeomV4,
-        )
-    };
-    Errno::result(rc)?;
+    unsafe { ioctl_arg(dir, XFS_IOC_FSGEOMETRY_V4, &mut geom) }?;
     Ok(XfsGeometry {
         block_size: geom.blocksize,
         data_blocks: geom.datablocks,
@@ -279,7 +284,6 @@ pub fn xfs_geometry(dir: &std::fs::File) -> Result<XfsGeometry, Errno> {
 /// XFS_IOC_FSGROWFSDATA on the mounted xfs filesystem `dir` is open on: grows its data
 /// section online to `blocks` blocks, keeping the inode space limit `imaxpct`.
 pub fn xfs_grow(dir: &std::fs::File, blocks: u64, imaxpct: u32) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
     #[repr(C)]
     struct XfsGrowfsData {
         newblocks: u64,
@@ -294,20 +298,12 @@ pub fn xfs_grow(dir: &std::fs::File, blocks: u64, imaxpct: u32) -> Result<(), Er
     };
     // SAFETY: `arg` has the layout of struct xfs_growfs_data (linux xfs_fs.h) and lives across
     // the call; the descriptor is open for the call.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            XFS_IOC_FSGROWFSDATA as _,
-            &mut arg as *mut XfsGrowfsData,
-        )
-    };
-    Errno::result(rc).map(drop)
+    unsafe { ioctl_arg(dir, XFS_IOC_FSGROWFSDATA, &mut arg) }
 }
 
 /// BTRFS_IOC_RESIZE on the mounted btrfs filesystem `dir` is open on: device 1 (a root on
 /// one partition) grows to the end of its device ("1:max", as `btrfs filesystem resize max`).
 pub fn btrfs_resize_max(dir: &std::fs::File) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
     #[repr(C)]
     struct BtrfsVolArgs {
         fd: i64,
@@ -325,12 +321,5 @@ pub fn btrfs_resize_max(dir: &std::fs::File) -> Result<(), Errno> {
     }
     // SAFETY: `arg` has the layout of struct btrfs_ioctl_vol_args (linux btrfs.h), its name
     // NUL-terminated, and lives across the call; the descriptor is open for the call.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            BTRFS_IOC_RESIZE as _,
-            &mut arg as *mut BtrfsVolArgs,
-        )
-    };
-    Errno::result(rc).map(drop)
+    unsafe { ioctl_arg(dir, BTRFS_IOC_RESIZE, &mut arg) }
 }
