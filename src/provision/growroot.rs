@@ -197,6 +197,11 @@ pub fn run<G>(
                 let t = Instant::now();
                 crate::sys::mount::xfs_grow(&dir, target, geo.imaxpct)
                     .map_err(|e| format!("xfs grow of {}: {e}", d.name))?;
+                // the grow is committed to the log only; a 6.1 kernel that must replay it
+                // after a power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond
+                // the old superblock's size). A freeze writes it home and quiesces the log.
+                crate::sys::mount::freeze_thaw(&dir)
+                    .map_err(|e| format!("xfs freeze after the grow of {}: {e}", d.name))?;
                 done.push(format!(
                     "xfs {} MiB -> {} MiB in {} ms",
                     (geo.data_blocks * bs) >> 20,

@@ -323,3 +323,17 @@ pub fn btrfs_resize_max(dir: &std::fs::File) -> Result<(), Errno> {
     // NUL-terminated, and lives across the call; the descriptor is open for the call.
     unsafe { ioctl_arg(dir, BTRFS_IOC_RESIZE, &mut arg) }
 }
+
+/// FIFREEZE then FITHAW on the mounted filesystem `dir` is open on: freezing writes every
+/// dirty metadata buffer home and quiesces the log, so a later mount has nothing to recover.
+pub fn freeze_thaw(dir: &std::fs::File) -> Result<(), Errno> {
+    // _IOWR('X', 119, int) and _IOWR('X', 120, int)
+    const FIFREEZE: libc::c_ulong = 0xc004_5877;
+    const FITHAW: libc::c_ulong = 0xc004_5878;
+    let mut unused: libc::c_int = 0;
+    // SAFETY: both requests take an int argument, which `unused` is and which lives across the
+    // calls; the descriptor is open for them.
+    unsafe { ioctl_arg(dir, FIFREEZE, &mut unused) }?;
+    // SAFETY: as above.
+    unsafe { ioctl_arg(dir, FITHAW, &mut unused) }
+}
