@@ -412,12 +412,12 @@ class Fabric:
 
 
 # ---------------------------------------------------------------- QEMU
-def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384"):
+def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384", disk_blockdev=None):
     a = ["qemu-system-x86_64", "-accel", accel, "-m", mem, "-smp", "1", "-nodefaults", "-display", "none",
          "-no-reboot", "-uuid", DMI_UUID, "-kernel", kernel_img, "-initrd", initrd, "-append", append,
          "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}"]
     # a .qcow2 root is an overlay on a shared raw image (qemu-tests/distro)
-    fmt = "qcow2" if root_img.endswith(".qcow2") else "raw"
+    fmt = "qcow2" if root_img and root_img.endswith(".qcow2") else "raw"
     if azure:
         a += ["-smbios", f"type=3,asset={AZURE_ASSET_TAG}"]
     if shape == "gen1":
@@ -425,8 +425,12 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
         if cd:
             a += ["-drive", f"file={cd},format=raw,media=cdrom,if=ide,readonly=on"]
     else:  # gen2: everything on one SCSI controller, as Azure Gen2 VMs have it
-        a += ["-M", "q35", "-device", "virtio-scsi-pci,id=scsi0",
-              "-drive", f"file={root_img},format={fmt},if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0"]
+        a += ["-M", "q35", "-device", "virtio-scsi-pci,id=scsi0"]
+        if disk_blockdev:  # the disk through a -blockdev node of the caller's (blkdebug)
+            a += ["-blockdev", json.dumps(disk_blockdev),
+                  "-device", f"scsi-hd,drive={disk_blockdev['node-name']},bus=scsi0.0,werror=stop,rerror=stop"]
+        else:
+            a += ["-drive", f"file={root_img},format={fmt},if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0"]
         if cd:
             a += ["-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
                   "-device", "scsi-cd,drive=cd0,bus=scsi0.0"]
@@ -450,6 +454,104 @@ def boot(fabric, work, shape, kernel_img, initrd, root_img, cd, extra_append="",
     if rc.returncode not in (0,):
         out += f"\n[qemu rc={rc.returncode}] {rc.stderr}"
     return start, took, out, rc.returncode
+
+
+def qmp_status(sock):
+    """The VM's run state from QEMU's QMP socket (e.g. "running", "io-error"), or None."""
+    import socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(sock)
+            f = s.makefile("rw")
+            f.readline()  # the greeting
+            for cmd in ("qmp_capabilities", "query-status"):
+                f.write(json.dumps({"execute": cmd}) + "\n")
+                f.flush()
+                while True:
+                    msg = json.loads(f.readline())
+                    if "return" in msg or "error" in msg:
+                        break
+            return msg.get("return", {}).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_mark=None, timeout=VM_TIMEOUT):
+    """A Gen2 boot cut by a power cut: QEMU is killed (SIGKILL) when the guest's first write
+    touching `sector` of `disk` reaches it (blkdebug fails it, werror=stop freezes the VM, so
+    neither it nor anything after it is written), or when `console_mark` shows on the
+    console. Returns what happened ("write", "console", or "finished") and the console."""
+    append = (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests root=UUID={ROOT_UUID} rw rootwait "
+              f"azprov.timeout=60 azprov.onfail=poweroff {os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
+    node = {"driver": "raw", "node-name": "hd0",
+            "file": {"driver": "blkdebug", "image": {"driver": "file", "filename": disk}}}
+    if sector is not None:
+        node["file"]["inject-error"] = [{"event": "write_aio", "sector": sector, "iotype": "write", "once": True}]
+    console = os.path.join(work, "console.log")
+    sock = os.path.join(work, "qmp.sock")
+    for f in (console, sock):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = ["ip", "netns", "exec", fabric.ns] + \
+        qemu_args("gen2", kernel_img, initrd, None, cd, append, "tcg", disk_blockdev=node) + \
+        ["-serial", f"file:{console}", "-qmp", f"unix:{sock},server=on,wait=off"]
+    q = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    how, end = "finished", time.time() + timeout
+    try:
+        while q.poll() is None:
+            if time.time() > end:
+                how = "timeout"
+                break
+            out = open(console, errors="replace").read() if os.path.exists(console) else ""
+            if console_mark and console_mark in out:
+                how = "console"
+                break
+            if sector is not None and os.path.exists(sock) and qmp_status(sock) == "io-error":
+                how = "write"
+                break
+            time.sleep(0.2)
+    finally:
+        q.kill()
+        q.wait()
+    out = open(console, errors="replace").read() if os.path.exists(console) else ""
+    if how == "finished":
+        out += f"\n[qemu rc={q.returncode}] {q.stderr.read().decode(errors='replace')}"
+    return how, out
+
+
+def gpt_primary(disk):
+    """The primary GPT as the kernel reads it (header and array CRCs checked): the last LBA of
+    partition 1 and the alternate header's LBA, or None when it is not sound."""
+    import zlib
+    with open(disk, "rb") as f:
+        f.seek(512)
+        hdr = f.read(512)
+        if hdr[:8] != b"EFI PART":
+            return None
+        size = int.from_bytes(hdr[12:16], "little")
+        check = bytearray(hdr[:size])
+        check[16:20] = b"\0\0\0\0"
+        if zlib.crc32(check) != int.from_bytes(hdr[16:20], "little"):
+            return None
+        lba, count, esize = (int.from_bytes(hdr[72:80], "little"), int.from_bytes(hdr[80:84], "little"),
+                             int.from_bytes(hdr[84:88], "little"))
+        f.seek(lba * 512)
+        entries = f.read(count * esize)
+        if zlib.crc32(entries) != int.from_bytes(hdr[88:92], "little"):
+            return None
+        return int.from_bytes(entries[40:48], "little"), int.from_bytes(hdr[32:40], "little")
+
+
+def ext4_clean(work, disk, start_mib=1):
+    """e2fsck of the partition at `start_mib` of `disk` (a sparse copy, its journal replayed
+    first, as the kernel does at mount): its exit status and output."""
+    part = os.path.join(work, "fsck.img")
+    sh("dd", f"if={disk}", f"of={part}", "bs=1M", f"skip={start_mib}", "conv=sparse", "status=none")
+    subprocess.run(["e2fsck", "-E", "journal_only", "-y", part], capture_output=True, check=False)
+    r = subprocess.run(["e2fsck", "-fn", part], capture_output=True, text=True, check=False)
+    os.remove(part)
+    return r.returncode, r.stdout + r.stderr
 
 
 def ready_after(fabric, start):
@@ -683,6 +785,58 @@ def run_growroot_fs(ctx, fs):
         fabric.close()
 
 
+def run_growroot_powercut(ctx):
+    """A power cut at each step of growroot's table rewrite (QEMU killed as the guest's write
+    reaches the disk, so that write and all after it are lost), and one after its last write,
+    while the filesystem grows: after every cut the primary table the kernel reads is sound
+    (the old one until the last write, the new one after it), the next boot grows what is left,
+    and the filesystem is clean."""
+    c = Check()
+    work = ctx["work"]
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-cut"))
+    out_all, took = "", 0
+    try:
+        cd = make_cd(work, "e2e-cut")
+        sectors = 256 << 11
+        # a cut at the first write touching each sector of the table, in growroot's order
+        # (early::grow): the protective MBR, the backup array and header at the new end, the
+        # primary header with its array (sector 2 cuts the array if it went on its own), and
+        # last a cut after the table, while the filesystem grows
+        steps = [("the protective MBR", 0), ("the backup array", sectors - 33), ("the backup header", sectors - 1),
+                 ("the primary array", 2), ("the primary header", 1), ("after the table", None)]
+        for i, (what, sector) in enumerate(steps):
+            disk = partitioned(work, make_root(work), "gpt", 256)
+            old = gpt_primary(disk)
+            how, out = boot_cut(fabric, work, ctx["kernel"], ctx["initrd"], disk, cd, sector=sector,
+                                console_mark=None if sector is not None else "growroot: partition")
+            out_all += f"\n==== cut {i} at {what}: {how}\n{out}"
+            c(how == ("write" if sector is not None else "console"), f"cut {i} ({what}): the boot ended by {how}")
+            after = gpt_primary(disk)
+            c(after is not None, f"cut {i} ({what}): the primary GPT is not sound")
+            want_new = sector is None
+            c(after is not None and (after[0] == 524254) == want_new and (after == old) != want_new,
+              f"cut {i} ({what}): the primary GPT is {after}, was {old}")
+            _start, took, out2, rc = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "",
+                                          ctx["accel"])
+            out_all += f"\n==== boot after cut {i}\n{out2}"
+            grew = re.search(r"growroot: partition sda1 \+2\d\d MiB \(GPT\) in \d+ ms; ext4 4\d MiB -> 25\d MiB", out2)
+            fs_only = re.search(r"growroot: ext4 \d+ MiB -> 25\d MiB in \d+ ms", out2)
+            done = "growroot: skipped: sda1 fills its disk already" in out2
+            c(rc == 0 and "REALROOT-DONE" in out2, f"after cut {i} ({what}): the boot did not reach the real init")
+            c(grew is not None if sector is not None else (fs_only is not None or done),
+              f"after cut {i} ({what}): growroot said "
+              f"{next((l for l in out2.splitlines() if 'growroot:' in l), None)!r}")
+            size = re.search(r"REALROOT rootsize=(\d+)", out2)
+            c(size is not None and int(size.group(1)) > 200 * 1024, f"after cut {i}: the real root is {size and size.group(1)} KiB")
+            dump = sfdisk_dump(disk)
+            c("last-lba: 524254" in dump and "size=522207," in dump.replace(" ", ""), f"after cut {i}: the table: {dump}")
+            rc_fsck, fsck = ext4_clean(work, disk)
+            c(rc_fsck == 0, f"after cut {i}: e2fsck -fn says {rc_fsck}: {fsck[-400:]}")
+        return c, None, took, out_all
+    finally:
+        fabric.close()
+
+
 def run_growroot_mbr(ctx):
     """growroot on an MBR disk (Gen1's virtio disk): the root partition grows; with a partition
     behind it, it is left alone and the boot says why."""
@@ -883,6 +1037,7 @@ SCENARIOS = {
     "arm64": run_arm64,
     "growroot": run_growroot,
     "growroot-mbr": run_growroot_mbr,
+    "growroot-powercut": run_growroot_powercut,
     "growroot-xfs": lambda ctx: run_growroot_fs(ctx, "xfs"),
     "growroot-btrfs": lambda ctx: run_growroot_fs(ctx, "btrfs"),
 }

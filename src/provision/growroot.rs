@@ -2,7 +2,8 @@
 //! larger than the uploaded image, and users enlarge it later; cloud-init (growpart and
 //! resize2fs) and Ubuntu's initramfs do this, so an image that drops cloud-init for azprov
 //! must not lose it. The root's partition, when it is the last on its disk, is extended to the
-//! disk's end (`early::grow` plans the table; the writes go in its safe order, each synced),
+//! disk's end (`early::grow` plans the table; the writes go in its safe order, each direct
+//! and synced),
 //! the kernel told (BLKPG), and the filesystem grown online by its own ioctl (ext4
 //! EXT4_IOC_RESIZE_FS, xfs XFS_IOC_FSGROWFSDATA, btrfs BTRFS_IOC_RESIZE "1:max"). Skipped with
 //! one line saying why: device-mapper (LVM, LUKS), a partition that is not last, less than
@@ -11,7 +12,7 @@
 
 use crate::early::grow::{self, Skip};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Instant;
 
@@ -105,6 +106,19 @@ fn btrfs_dev_bytes(dev: &Path) -> Option<u64> {
     le64(0xd1)
 }
 
+/// Writes `bytes` (whole sectors) at `at` through `f`, opened O_DIRECT: from a buffer aligned
+/// to the page, which every disk's logical block size divides.
+fn write_direct(f: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
+    const ALIGN: usize = 4096;
+    let mut buf = vec![0u8; bytes.len() + ALIGN];
+    let skip = buf.as_ptr().align_offset(ALIGN);
+    let aligned = buf
+        .get_mut(skip..skip + bytes.len())
+        .ok_or(std::io::ErrorKind::InvalidInput)?;
+    aligned.copy_from_slice(bytes);
+    f.write_all_at(aligned, at)
+}
+
 /// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
 /// called once, and its guard held, only when something is to grow. Ok: what was done, one line.
 /// Err: why nothing was (a skip is not a failure of the run).
@@ -131,6 +145,14 @@ pub fn run<G>(
             .write(true)
             .open(&disk_path)
             .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
+        // the table's writes bypass the disk's page cache: each goes out as exactly its own
+        // sectors, in the plan's order, never as a 4 KiB page that carries neighbours from a
+        // cache the partition's filesystem does not share
+        let direct = File::options()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+            .open(&disk_path)
+            .map_err(|e| format!("open {} for direct writes: {e}", disk_path.display()))?;
         let mut read = |at: u64, len: usize| {
             let mut b = vec![0u8; len];
             f.read_exact_at(&mut b, at).ok().map(|_| b)
@@ -140,9 +162,10 @@ pub fn run<G>(
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
                 for (at, bytes) in &plan.writes {
-                    f.write_all_at(bytes, *at)
+                    write_direct(&direct, bytes, *at)
                         .map_err(|e| format!("write {}: {e}", disk_path.display()))?;
-                    f.sync_data()
+                    direct
+                        .sync_data()
                         .map_err(|e| format!("sync {}: {e}", disk_path.display()))?;
                 }
                 crate::sys::mount::resize_partition(
