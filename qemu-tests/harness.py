@@ -128,9 +128,10 @@ def xfs_protofile(tree, out):
         f.write("\n".join(lines) + "\n")
 
 
-def make_root(work, name="root.img", busybox=None, fs="ext4"):
+def make_root(work, name="root.img", busybox=None, fs="ext4", size="48M"):
     """An ext4 (or xfs, or btrfs) root made from the Debian-like fixture tree, with busybox (the host's,
-    or `busybox` for another architecture) and the test init."""
+    or `busybox` for another architecture) and the test init; an ext4 of `size`, with mke2fs's
+    defaults for that size (1 KiB blocks for the 48 MiB default, 4 KiB from 512 MiB up)."""
     tree = os.path.join(work, "roottree")
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(os.path.join(FIXTURES, "root"), tree, symlinks=True)
@@ -162,7 +163,7 @@ def make_root(work, name="root.img", busybox=None, fs="ext4"):
            stdout=subprocess.DEVNULL)
     else:
         sh("mkfs.ext4", "-q", "-F", "-L", "azroot", "-U", ROOT_UUID, "-E", "root_owner=0:0", "-d", tree, img,
-           "48M", stdout=subprocess.DEVNULL)
+           size, stdout=subprocess.DEVNULL)
     shutil.rmtree(tree)
     return img
 
