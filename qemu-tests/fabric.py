@@ -486,6 +486,7 @@ def serve(args):
     servers = []
     for name, addr in (("wireserver", args.wireserver), ("imds", args.imds), ("hostgaplugin", args.hostgaplugin)):
         srv = Server(parse_addr(addr), make_handler(fabric, name))
+        srv.fabric = fabric  # its log is closed by whoever stops the servers in-process
         servers.append(srv)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     return servers

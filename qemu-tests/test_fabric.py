@@ -53,6 +53,7 @@ class FabricTest(unittest.TestCase):
         for s in cls.servers:
             s.shutdown()
             s.server_close()
+        cls.servers[0].fabric.log.close()
         cls.tmp.cleanup()
 
     def get(self, url, headers=None, data=None):
@@ -122,7 +123,8 @@ class FabricTest(unittest.TestCase):
         status, _ = self.get(self.ws + "/provisioning/health", {"Content-Type": "application/json"},
                              b'{"state":"NotReady","details":{"subStatus":"ProvisioningFailed","description":"x"}}')
         self.assertEqual(status, 200)
-        entry = [json.loads(l) for l in open(self.log)][-1]
+        with open(self.log) as f:
+            entry = [json.loads(l) for l in f][-1]
         self.assertEqual((entry["state"], entry["substatus"]), ("NotReady", "ProvisioningFailed"))
         self.assertEqual(self.get(self.ws + "/provisioning/health", {}, b'{"state":"Fine"}')[0], 400)
         self.assertEqual(self.get(self.ws + "/HealthService", {"Content-Type": "application/json"},
