@@ -145,14 +145,6 @@ pub fn run<G>(
             .write(true)
             .open(&disk_path)
             .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
-        // the table's writes bypass the disk's page cache: each goes out as exactly its own
-        // sectors, in the plan's order, never as a 4 KiB page that carries neighbours from a
-        // cache the partition's filesystem does not share
-        let direct = File::options()
-            .write(true)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-            .open(&disk_path)
-            .map_err(|e| format!("open {} for direct writes: {e}", disk_path.display()))?;
         let mut read = |at: u64, len: usize| {
             let mut b = vec![0u8; len];
             f.read_exact_at(&mut b, at).ok().map(|_| b)
@@ -161,6 +153,14 @@ pub fn run<G>(
             Ok(plan) => {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
+                // the table's writes bypass the disk's page cache: each goes out as exactly its
+                // own sectors, in the plan's order, never as a 4 KiB page that carries
+                // neighbours from a cache the partition's filesystem does not share
+                let direct = File::options()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+                    .open(&disk_path)
+                    .map_err(|e| format!("open {} for direct writes: {e}", disk_path.display()))?;
                 for (at, bytes) in &plan.writes {
                     write_direct(&direct, bytes, *at)
                         .map_err(|e| format!("write {}: {e}", disk_path.display()))?;
