@@ -438,12 +438,22 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
     return a
 
 
+def kernel_append(shape, extra_append=""):
+    """The test kernel's command line: the root by UUID on Gen2's SCSI disk, /dev/vda on Gen1."""
+    root = "root=UUID=" + ROOT_UUID if shape == "gen2" else "root=/dev/vda"
+    return (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests {root} rw rootwait "
+            f"azprov.timeout=60 azprov.onfail=poweroff {extra_append} "
+            f"{os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
+
+
+def console_text(path):
+    """What the serial console wrote so far ("" before QEMU opened it)."""
+    return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+
 def boot(fabric, work, shape, kernel_img, initrd, root_img, cd, extra_append="", accel="tcg", timeout=VM_TIMEOUT,
          azure=True, qemu_extra=()):
-    root = "root=UUID=" + ROOT_UUID if shape == "gen2" else "root=/dev/vda"
-    append = (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests {root} rw rootwait "
-              f"azprov.timeout=60 azprov.onfail=poweroff {extra_append} "
-              f"{os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
+    append = kernel_append(shape, extra_append)
     console = os.path.join(work, "console.log")
     cmd = ["ip", "netns", "exec", fabric.ns, "timeout", str(timeout)] + \
         qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure) + ["-serial", f"file:{console}"] + \
@@ -451,7 +461,7 @@ def boot(fabric, work, shape, kernel_img, initrd, root_img, cd, extra_append="",
     start = time.time()
     rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     took = time.time() - start
-    out = open(console, errors="replace").read() if os.path.exists(console) else ""
+    out = console_text(console)
     if rc.returncode not in (0,):
         out += f"\n[qemu rc={rc.returncode}] {rc.stderr}"
     return start, took, out, rc.returncode
@@ -483,8 +493,6 @@ def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_ma
     touching `sector` of `disk` reaches it (blkdebug fails it, werror=stop freezes the VM, so
     neither it nor anything after it is written), or when `console_mark` shows on the
     console. Returns what happened ("write", "console", or "finished") and the console."""
-    append = (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests root=UUID={ROOT_UUID} rw rootwait "
-              f"azprov.timeout=60 azprov.onfail=poweroff {os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
     node = {"driver": "raw", "node-name": "hd0",
             "file": {"driver": "blkdebug", "image": {"driver": "file", "filename": disk}}}
     if sector is not None:
@@ -495,7 +503,7 @@ def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_ma
         if os.path.exists(f):
             os.remove(f)
     cmd = ["ip", "netns", "exec", fabric.ns] + \
-        qemu_args("gen2", kernel_img, initrd, None, cd, append, "tcg", disk_blockdev=node) + \
+        qemu_args("gen2", kernel_img, initrd, None, cd, kernel_append("gen2"), "tcg", disk_blockdev=node) + \
         ["-serial", f"file:{console}", "-qmp", f"unix:{sock},server=on,wait=off"]
     q = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     how, end = "finished", time.time() + timeout
@@ -504,8 +512,7 @@ def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_ma
             if time.time() > end:
                 how = "timeout"
                 break
-            out = open(console, errors="replace").read() if os.path.exists(console) else ""
-            if console_mark and console_mark in out:
+            if console_mark and console_mark in console_text(console):
                 how = "console"
                 break
             if sector is not None and os.path.exists(sock) and qmp_status(sock) == "io-error":
@@ -515,7 +522,7 @@ def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_ma
     finally:
         q.kill()
         q.wait()
-    out = open(console, errors="replace").read() if os.path.exists(console) else ""
+    out = console_text(console)
     if how == "finished":
         out += f"\n[qemu rc={q.returncode}] {q.stderr.read().decode(errors='replace')}"
     return how, out
@@ -1010,7 +1017,7 @@ def run_arm64(ctx):
         start = time.time()
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         took = time.time() - start
-        out = open(console, errors="replace").read() if os.path.exists(console) else ""
+        out = console_text(console)
         if r.returncode:
             out += f"\n[qemu rc={r.returncode}] {r.stderr}"
         common_checks(c, fabric, root, out, r.returncode, "e2e-arm64")
