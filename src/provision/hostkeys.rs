@@ -25,6 +25,9 @@ pub const END: &str = "-----END SSH HOST KEY FINGERPRINTS-----";
 /// Hyper-V's entropy seed, an ACPI table (cloud-init feeds it to the pool too).
 const OEM0: &str = "firmware/acpi/tables/OEM0";
 const RSA_BITS: usize = 3072;
+/// Each of its two primes: half of it.
+const RSA_PRIME_LIMBS: usize = crypto_bigint::U1536::LIMBS;
+const _: () = assert!(2 * crypto_bigint::U1536::BITS == RSA_BITS);
 
 /// The key types made, in the order ssh-keygen -A makes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,7 +367,7 @@ fn race_rsa(control: &Control, raised: bool) -> Result<RsaKeypair, HostKeyError>
         move || {
             let raised = Cell::new(raised);
             let stopped = || control.stop_here(&raised) || won.load(Ordering::Relaxed);
-            if let Some(key) = prime::rsa_key(&mut Crng, RSA_BITS, &stopped) {
+            if let Some(key) = prime::rsa_key::<{ RSA_PRIME_LIMBS }>(&mut Crng, &stopped) {
                 won.store(true, Ordering::Relaxed);
                 let _ = tx.send(key);
             }

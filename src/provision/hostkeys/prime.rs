@@ -4,17 +4,15 @@
 //! candidates per 1536-bit prime fail that test, each costing a modular exponentiation. This
 //! search is the same but moves up to the next number with no prime factor below
 //! `SIEVE_BELOW` and none that makes e and p - 1 share a factor, so about 70 candidates reach
-//! the test. Each candidate of an RSA-3072 key's size first meets a Fermat test to base 2 in
-//! crypto-bigint's Montgomery arithmetic (its exponentiation is 2.2 times num-bigint-dig's
-//! modpow here), which nearly every composite fails; the verdict stays rsa's: `probably_prime`
-//! (21 Miller-Rabin rounds and a Lucas test, Baillie-PSW) on the candidates that pass, and the
-//! key is assembled and validated by rsa (`from_primes`, d from Euler's totient as rsa's own
-//! generation computes it).
+//! the test. The test is crypto-primes' `is_prime_with_rng` in crypto-bigint's Montgomery
+//! arithmetic: Miller-Rabin to base 2 (which nearly every composite fails, for the cost of one
+//! exponentiation), a strong Lucas test (the two are Baillie-PSW) and Miller-Rabin to a random
+//! base, as rsa 0.10's own generation asks; the key is assembled and validated by rsa
+//! (`from_primes`, d from Euler's totient as rsa's own generation computes it).
 
-use crypto_bigint::modular::runtime_mod::{DynResidue, DynResidueParams};
-use crypto_bigint::U1536;
+use crypto_bigint::{Encoding, Uint};
 use num_bigint_dig::BigUint;
-use rand_core::RngCore;
+use rand_core::CryptoRngCore;
 use rsa::RsaPrivateKey;
 
 /// The candidates carry no odd prime factor below this: past it each new candidate's residues
@@ -24,20 +22,19 @@ const SIEVE_BELOW: u32 = 8192;
 const PUBLIC_EXPONENT: u32 = 65537;
 /// How far above its random start a candidate may be (Go's and rsa's bound).
 const DELTA_LIMIT: u32 = 1 << 20;
-/// Rounds of Miller-Rabin beyond the first, as rsa's own search asks for.
-const MILLER_RABIN_ROUNDS: usize = 20;
-
-/// An RSA key of `bits` bits (a multiple of 16) from two primes of half the size each; None
+/// An RSA key from two primes of `LIMBS` limbs each (an RSA-3072 key's are `U1536`'s); None
 /// once `stopped` says so (asked before each candidate).
-pub fn rsa_key(
-    rng: &mut impl RngCore,
-    bits: usize,
+pub fn rsa_key<const LIMBS: usize>(
+    rng: &mut impl CryptoRngCore,
     stopped: &dyn Fn() -> bool,
-) -> Option<rsa::Result<RsaPrivateKey>> {
+) -> Option<rsa::Result<RsaPrivateKey>>
+where
+    Uint<LIMBS>: Encoding,
+{
     let sieve = Sieve::new();
     loop {
-        let p = sieve.prime(rng, bits / 2, stopped)?;
-        let q = sieve.prime(rng, bits / 2, stopped)?;
+        let p = sieve.prime::<LIMBS>(rng, stopped)?;
+        let q = sieve.prime::<LIMBS>(rng, stopped)?;
         // Both have their top two bits set, so n has exactly `bits` bits; p == q is a 2^-1500
         // event that from_primes refuses anyway.
         if p != q {
@@ -72,35 +69,41 @@ impl Sieve {
         Sieve { primes, pairs }
     }
 
-    /// A probable prime of exactly `bits` bits (a multiple of 8) with its top two bits set;
-    /// None once `stopped` says so.
-    fn prime(
+    /// A probable prime of `LIMBS` limbs with its top two bits set; None once `stopped` says
+    /// so.
+    fn prime<const LIMBS: usize>(
         &self,
-        rng: &mut impl RngCore,
-        bits: usize,
+        rng: &mut impl CryptoRngCore,
         stopped: &dyn Fn() -> bool,
-    ) -> Option<BigUint> {
-        let mut start = vec![0u8; bits / 8];
+    ) -> Option<BigUint>
+    where
+        Uint<LIMBS>: Encoding,
+    {
+        let mut start = Uint::<LIMBS>::ZERO.to_be_bytes();
         loop {
             if stopped() {
                 return None;
             }
-            rng.fill_bytes(&mut start);
-            if let Some(p) = self.candidate(&mut start) {
-                if p.bits() == bits
-                    && fermat_base_2(&p)
-                    && num_bigint_dig::prime::probably_prime(&p, MILLER_RABIN_ROUNDS)
-                {
-                    return Some(p);
-                }
+            rng.fill_bytes(start.as_mut());
+            // None when the top two bits were carried out (the start was within DELTA_LIMIT of
+            // the top): another start
+            let Some(p) = self.candidate(start.as_mut()) else {
+                continue;
+            };
+            if crypto_primes::is_prime_with_rng(rng, &p) {
+                return Some(BigUint::from_bytes_be(p.to_be_bytes().as_ref()));
             }
         }
     }
 
-    /// The first number at or above `start` (big-endian; its top two bits and its low bit set
-    /// first) that no sieve prime divides and that is not 1 modulo the public exponent; None
-    /// when there is none within `DELTA_LIMIT`.
-    fn candidate(&self, start: &mut [u8]) -> Option<BigUint> {
+    /// The first number at or above `start` (big-endian, `LIMBS` limbs; its top two bits and
+    /// its low bit set first) that no sieve prime divides and that is not 1 modulo the public
+    /// exponent, with its top two bits still set; None when there is none within
+    /// `DELTA_LIMIT`.
+    fn candidate<const LIMBS: usize>(&self, start: &mut [u8]) -> Option<Uint<LIMBS>>
+    where
+        Uint<LIMBS>: Encoding,
+    {
         *start.first_mut()? |= 0xc0;
         *start.last_mut()? |= 1;
         let mut residues = Vec::with_capacity(self.primes.len());
@@ -117,21 +120,11 @@ impl Sieve {
                     .zip(&residues)
                     .all(|(&p, &r)| (r + d) % p != 0)
         })?;
-        Some(BigUint::from_bytes_be(start) + BigUint::from(delta))
+        // the top two bits stay set unless the sum carried out of them
+        let c = Uint::<LIMBS>::from_be_slice(start).wrapping_add(&Uint::from_u32(delta));
+        let top = Uint::<LIMBS>::BITS;
+        (c.bit_vartime(top - 1) && c.bit_vartime(top - 2)).then_some(c)
     }
-}
-
-/// Whether 2^(n-1) = 1 modulo the odd `n`: true for every prime, false for nearly every
-/// composite. For a 1536-bit `n` (an RSA-3072 prime's size), in crypto-bigint's Montgomery
-/// form; any other size answers true and leaves the whole test to rsa's.
-fn fermat_base_2(n: &BigUint) -> bool {
-    let bytes = n.to_bytes_be();
-    if bytes.len() != U1536::BYTES || bytes.last().is_none_or(|b| b & 1 == 0) {
-        return true;
-    }
-    let m = U1536::from_be_slice(&bytes);
-    let two = DynResidue::new(&U1536::from_u8(2), DynResidueParams::new(&m));
-    two.pow(&m.wrapping_sub(&U1536::ONE)).retrieve() == U1536::ONE
 }
 
 /// The big-endian number `bytes` modulo `m` (below 2^32).
@@ -145,11 +138,23 @@ fn residue(bytes: &[u8], m: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crypto_bigint::{U1536, U512};
     use num_bigint_dig::prime::probably_prime;
+    use rand_core::{CryptoRng, RngCore};
     use rsa::traits::{PrivateKeyParts, PublicKeyParts};
 
-    /// A fixed byte stream, so the search is repeatable.
+    /// A fixed byte stream, so the search is repeatable (marked CryptoRng only because the
+    /// search asks for one).
     struct Counter(u64);
+
+    impl CryptoRng for Counter {}
+
+    fn big<const LIMBS: usize>(n: &Uint<LIMBS>) -> BigUint
+    where
+        Uint<LIMBS>: Encoding,
+    {
+        BigUint::from_bytes_be(n.to_be_bytes().as_ref())
+    }
 
     impl RngCore for Counter {
         fn next_u32(&mut self) -> u32 {
@@ -206,7 +211,7 @@ mod tests {
         for _ in 0..20 {
             let mut start = vec![0u8; 64];
             rng.fill_bytes(&mut start);
-            let c = s.candidate(&mut start).unwrap();
+            let c = big(&s.candidate::<{ U512::LIMBS }>(&mut start).unwrap());
             let from = BigUint::from_bytes_be(&start);
             assert_eq!(start[0] & 0xc0, 0xc0);
             assert_eq!(&from % 2u32, BigUint::from(1u32));
@@ -239,7 +244,7 @@ mod tests {
             k += 2u32;
         };
         let mut bytes = n.to_bytes_be();
-        let c = s.candidate(&mut bytes).unwrap();
+        let c = big(&s.candidate::<{ U512::LIMBS }>(&mut bytes).unwrap());
         assert_eq!(
             BigUint::from_bytes_be(&bytes),
             n,
@@ -251,25 +256,33 @@ mod tests {
     }
 
     #[test]
-    fn the_fermat_test_agrees_with_rsa_s_verdict_on_the_candidates() {
-        // sieved 1536-bit candidates: the primes among them pass, the composites do not
+    fn the_verdict_agrees_with_rsa_s_on_the_candidates() {
+        // sieved 1536-bit candidates: crypto-primes' Baillie-PSW and rsa's 21 Miller-Rabin
+        // rounds and Lucas test find the same primes among them
         let s = Sieve::new();
         let mut rng = Counter(7);
         let (mut primes, mut composites) = (0, 0);
         while primes < 2 || composites < 20 {
             let mut start = vec![0u8; 192];
             rng.fill_bytes(&mut start);
-            let c = s.candidate(&mut start).unwrap();
-            let prime = probably_prime(&c, 20);
-            assert_eq!(fermat_base_2(&c), prime, "{c}");
+            let c = s.candidate::<{ U1536::LIMBS }>(&mut start).unwrap();
+            let prime = probably_prime(&big(&c), 20);
+            assert_eq!(crypto_primes::is_prime_with_rng(&mut rng, &c), prime, "{c}");
             if prime {
                 primes += 1;
             } else {
                 composites += 1;
             }
         }
-        // other sizes are left to rsa's test
-        assert!(fermat_base_2(&((BigUint::from(3u32) << 1000usize) + 1u32)));
+    }
+
+    #[test]
+    fn a_candidate_carried_out_of_its_top_bits_is_none() {
+        // all ones: every number above it within the limit wraps past 2^512
+        let mut start = vec![0xffu8; 64];
+        assert!(Sieve::new()
+            .candidate::<{ U512::LIMBS }>(&mut start)
+            .is_none());
     }
 
     #[test]
@@ -279,13 +292,15 @@ mod tests {
             asked.set(asked.get() + 1);
             asked.get() > 3
         };
-        assert!(rsa_key(&mut Counter(5), 3072, &stopped).is_none());
+        assert!(rsa_key::<{ U1536::LIMBS }>(&mut Counter(5), &stopped).is_none());
         assert_eq!(asked.get(), 4);
     }
 
     #[test]
     fn a_key_is_made_of_two_primes_of_half_its_size() {
-        let key = rsa_key(&mut Counter(42), 1024, &|| false).unwrap().unwrap();
+        let key = rsa_key::<{ U512::LIMBS }>(&mut Counter(42), &|| false)
+            .unwrap()
+            .unwrap();
         assert_eq!(key.n().bits(), 1024);
         assert_eq!(key.e(), &BigUint::from(PUBLIC_EXPONENT));
         let primes = key.primes();
