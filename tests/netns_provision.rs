@@ -770,16 +770,10 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
 
     // a new VM: ecdsa and ed25519 keys before the run ends, the image's gone (its rsa key
     // too), the fingerprints on the console; the rsa key follows from a process of its own
+    // (or is in already, when its search ended before the report)
     let (o, v) = provision(&net, &root, &["--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let fast: Vec<String> = v["host_keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(fast.len(), 2, "{fast:?}");
-    assert_eq!(v["host_keys_pending"], json!(["rsa"]));
+    let fast = made_in_the_run(&v);
     let err = stderr(&o);
     let block = format!(
         "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{}\n-----END SSH HOST KEY FINGERPRINTS-----\n",
@@ -789,7 +783,10 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
     assert!(text(root.join("var/log/azprov.log")).contains(&block));
     assert!(!ssh.join("ssh_host_dsa_key.pub").exists());
     let lines = rsa_key_added(&root);
-    assert_eq!(lines[1..], fast[..], "the keys made first stay");
+    assert!(
+        lines.ends_with(&fast),
+        "the keys made first stay: {lines:?}"
+    );
     for (kind, line) in ["rsa", "ecdsa", "ed25519"].iter().zip(&lines) {
         let key = ssh.join(format!("ssh_host_{kind}_key"));
         assert_eq!(mode_owner(&key), (0o600, 0, 0), "{kind}");
@@ -913,12 +910,31 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
     let (o, v) = provision(&net, &root, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(v["report"], "ready");
-    assert_eq!(v["host_keys"].as_array().unwrap().len(), 2);
+    made_in_the_run(&v);
     assert_ne!(text(ssh.join("ssh_host_ed25519_key")), ed25519);
     assert_eq!(rsa_key_added(&root).len(), 3);
 }
 
-/// Waits (three minutes at most: it runs at nice 19 beside the other tests) for the rsa host
+/// The fingerprint lines of the keys a run's JSON says it made: ecdsa and ed25519 with the
+/// rsa key pending (made after the run), or all three when the rsa search ended before the
+/// report (a fast machine, a slow run), rsa first.
+fn made_in_the_run(v: &Value) -> Vec<String> {
+    let made: Vec<String> = v["host_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    if v["host_keys_pending"] == json!(["rsa"]) {
+        assert_eq!(made.len(), 2, "{made:?}");
+    } else {
+        assert_eq!(made.len(), 3, "{made:?}");
+        assert!(made[0].ends_with("(RSA)"), "{made:?}");
+    }
+    made
+}
+
+/// Waits (three minutes at most: it runs at idle priority beside the other tests) for the rsa host
 /// key made after the run and its fingerprint in
 /// state.json; the state's host key lines then, rsa first.
 fn rsa_key_added(root: &Path) -> Vec<String> {

@@ -51,12 +51,18 @@ pub fn background_priority() {
     set_nice(19);
 }
 
-/// The lowest normal priority (nice 19, weight 15 against a nice-0 thread's 1024): work that
-/// must not slow what runs beside it, yet must finish on a machine that is never idle (the
-/// RSA host key after the handover; SCHED_IDLE could wait for idle time forever).
-pub fn lowest_priority() {
-    set_policy(libc::SCHED_OTHER);
-    set_nice(19);
+/// The session of process `pid` weighed as nice 19 (weight 15) beside other sessions. Where
+/// the kernel's autogroups are on (CONFIG_SCHED_AUTOGROUP and kernel.sched_autogroup_enabled)
+/// the scheduler first shares the CPU between sessions, each weighed as one nice-0 thread
+/// whatever its threads' policy and nice, then within each: a process of a session of its
+/// own would take as much CPU as any busy session however low its own priority. Only for a
+/// process that leads a session of its own (all of the session is lowered). Nothing to do
+/// where the kernel has no autogroups.
+pub fn lowest_autogroup(pid: u32) {
+    let path = format!("/proc/{pid}/autogroup");
+    if let Err(e) = std::fs::write(&path, "19") {
+        log::debug!("{path}: {e}");
+    }
 }
 
 /// Starts `program` as a process of its own session with `argv0`, `args`, stdin and stdout
@@ -209,6 +215,36 @@ mod tests {
             policy(),
             libc::SCHED_OTHER as u32,
             "the other threads keep theirs"
+        );
+    }
+
+    #[test]
+    fn a_session_of_its_own_is_weighed_as_nice_19() {
+        if !std::path::Path::new("/proc/self/autogroup").exists() {
+            // a kernel without autogroups: nothing to weigh
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("10");
+        // SAFETY: setsid is async-signal-safe and touches no memory of this process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        super::lowest_autogroup(child.id());
+        let theirs = std::fs::read_to_string(format!("/proc/{}/autogroup", child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let theirs = theirs.unwrap();
+        assert!(theirs.trim_end().ends_with("nice 19"), "{theirs}");
+        let ours = std::fs::read_to_string("/proc/self/autogroup").unwrap();
+        assert!(
+            !ours.trim_end().ends_with("nice 19"),
+            "this session's too: {ours}"
         );
     }
 }

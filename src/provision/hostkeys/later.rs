@@ -5,8 +5,12 @@
 //! systemd initrd leaves it running across switch-root) makes it and writes it through
 //! directory handles opened before the handover, which still name the real root's /etc/ssh
 //! and /var/lib/azprov wherever switch_root moves them. Then:
-//! - it runs at nice 19, so the booted system's start hardly shares the CPU with it (not
-//!   SCHED_IDLE: on a machine that is never idle it would never finish);
+//! - the booted system's start and a first login that comes with it do not share the CPU with
+//!   it: it waits for the CPUs to be idle (at most a minute), then runs under SCHED_IDLE (a
+//!   normal thread that wakes or is forked preempts it at once; on a machine that is never
+//!   idle it still gets its share), its session (its own) weighed as nice 19 where the
+//!   kernel's autogroups are on (they give every session one nice-0 weight whatever its
+//!   threads' priorities);
 //! - the key is only ever added: the keys a client may have seen stay (OpenSSH clients learn
 //!   added host keys);
 //! - a read-only root (the booted system remounts it read-write early) is waited for;
@@ -33,6 +37,9 @@ const ARGV0: &str = "@azprov-hostkey";
 const SSH_FD: i32 = 3;
 const RUN_FD: i32 = 4;
 const STATE_FD: i32 = 5;
+/// /proc/stat, opened by the parent: the helper's own view of the filesystems is the
+/// initramfs's, whose /proc the handover moves into the real root.
+const STAT_FD: i32 = 6;
 /// How long a read-only root is waited for, and how often it is tried.
 const WRITABLE_WAIT: Duration = Duration::from_secs(900);
 const WRITABLE_POLL: Duration = Duration::from_millis(250);
@@ -40,6 +47,14 @@ const WRITABLE_POLL: Duration = Duration::from_millis(250);
 /// between has read it, and a SIGHUP to it is harmless).
 const SSHD_LOOKS: [u64; 3] = [0, 2, 10];
 const KEY: &str = "ssh_host_rsa_key";
+/// The search waits for the CPUs to be idle (`QUIET_IDLE` of their time, `QUIET_SPELLS`
+/// spells of `QUIET_SPELL` in a row: the booted system's start, and a first login that comes
+/// with it, are over), at most `QUIET_LIMIT`. Under QEMU's TCG with one vCPU, an RSA search
+/// running beside that start, even at idle priority, delayed the first SSH login by seconds.
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
+const QUIET_SPELL: Duration = Duration::from_millis(500);
+const QUIET_SPELLS: u32 = 4;
+const QUIET_IDLE: f64 = 0.8;
 
 /// Whether the RSA key of this root is still to make: RSA wanted, an sshd config, no key file.
 pub fn missing(root: &Sysroot) -> bool {
@@ -119,13 +134,39 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     if let Some(d) = &state_dir {
         fds.push((d, STATE_FD));
     }
+    let stat = File::open("/proc/stat").ok();
+    if let Some(f) = &stat {
+        fds.push((f, STAT_FD));
+    }
     let exe = std::path::Path::new("/proc/self/exe");
-    crate::sys::process::spawn_detached(exe, ARGV0, &args, console, &fds)
+    let pid = crate::sys::process::spawn_detached(exe, ARGV0, &args, console, &fds)?;
+    // its session, its own, weighed as nice 19 beside the others (set from here: the helper
+    // may find no /proc of its own once the handover has moved it)
+    crate::sys::process::lowest_autogroup(pid);
+    Ok(pid)
 }
 
 /// The helper's entry (`azprov __host-key-rsa`, started by [`spawn`]): the job from its
 /// arguments, the directories from its descriptors.
 pub fn main(job: &Job) -> Result<(), String> {
+    // the booted system's start (sshd, the first login) hardly shares the CPU with it: idle
+    // priority (its session was weighed as nice 19 by the parent), and the search begins once
+    // that start is over
+    crate::sys::process::background_priority();
+    let t = Instant::now();
+    let quiet = match crate::sys::process::inherited(STAT_FD) {
+        Some(stat) => wait_for_quiet(&stat, QUIET_LIMIT),
+        None => false,
+    };
+    log::info!(
+        "host keys: the rsa search begins {:.1} s after the helper's start ({})",
+        t.elapsed().as_secs_f64(),
+        if quiet {
+            "the CPUs were idle"
+        } else {
+            "the CPUs were not seen idle; it runs at idle priority"
+        }
+    );
     let ssh = crate::sys::process::inherited(SSH_FD).ok_or("no /etc/ssh handle")?;
     let run_dir = crate::sys::process::inherited(RUN_FD);
     let state = crate::sys::process::inherited(STATE_FD);
@@ -151,9 +192,6 @@ pub fn run(
     run: Option<&File>,
     state: Option<&File>,
 ) -> Result<String, String> {
-    // nice 19: the booted system's start (sshd, the first login) hardly shares the CPU with
-    // it, and it still finishes on a machine that is never idle
-    crate::sys::process::lowest_priority();
     let t = Instant::now();
     let mut key = rsa_now().map_err(|e| e.to_string())?;
     key.set_comment(&job.comment);
@@ -196,6 +234,55 @@ pub fn run(
         reload_sshd(run);
     }
     Ok(line)
+}
+
+/// Waits until the CPUs have been idle for `QUIET_SPELLS` spells in a row, or `limit` has
+/// passed; true in the first case. `stat` is /proc/stat, read again from its start each time.
+fn wait_for_quiet(stat: &File, limit: Duration) -> bool {
+    let read = || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; 512];
+        let n = stat.read_at(&mut buf, 0).ok()?;
+        idle_and_total(&String::from_utf8_lossy(buf.get(..n)?))
+    };
+    let start = Instant::now();
+    let Some(mut last) = read() else {
+        return false;
+    };
+    let mut spells = 0;
+    while start.elapsed() < limit {
+        std::thread::sleep(QUIET_SPELL);
+        let Some(now) = read() else {
+            return false;
+        };
+        let (idle, total) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+        spells = if total > 0 && idle as f64 >= QUIET_IDLE * total as f64 {
+            spells + 1
+        } else {
+            0
+        };
+        if spells == QUIET_SPELLS {
+            return true;
+        }
+        last = now;
+    }
+    false
+}
+
+/// The idle time and the whole time of all CPUs, in ticks, from /proc/stat's first line
+/// (`cpu  user nice system idle iowait irq softirq steal ...`; guest time is in user's).
+fn idle_and_total(stat: &str) -> Option<(u64, u64)> {
+    let mut fields = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace();
+    let ticks: Vec<u64> = fields
+        .by_ref()
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    Some((*ticks.get(3)?, ticks.iter().sum()))
 }
 
 /// `data` as `name` in `dir`, atomically (a temporary beside it, owner root, `mode`, the
@@ -284,6 +371,41 @@ fn reload_sshd(run: &File) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpus_idle_and_whole_time_come_from_the_first_line_of_proc_stat() {
+        let stat = "cpu  3564177 34608 631725 4849811 32332 0 8745 57276 25 0\n\
+                    cpu0 1 2 3 4 5 6 7 8 0 0\nintr 1\n";
+        assert_eq!(
+            idle_and_total(stat),
+            Some((
+                4849811,
+                3564177 + 34608 + 631725 + 4849811 + 32332 + 8745 + 57276
+            ))
+        );
+        // a kernel older than steal time (2.6.11) gives seven
+        assert_eq!(idle_and_total("cpu  1 2 3 4 5 6 7\n"), Some((4, 28)));
+        assert_eq!(idle_and_total("cpu0 1 2 3 4\n"), None);
+        assert_eq!(idle_and_total("cpu  1 2 x 4\n"), None);
+        assert_eq!(idle_and_total(""), None);
+        // this machine's
+        let here = std::fs::read_to_string("/proc/stat").unwrap();
+        let (idle, total) = idle_and_total(&here).unwrap();
+        assert!(idle <= total && total > 0);
+    }
+
+    #[test]
+    fn quiet_is_read_again_and_again_through_one_handle() {
+        let stat = File::open("/proc/stat").unwrap();
+        // idle or not, the wait ends: the CPUs quiet (four spells) or the limit
+        let t = Instant::now();
+        let quiet = wait_for_quiet(&stat, Duration::from_millis(2600));
+        assert!(t.elapsed() >= QUIET_SPELL * QUIET_SPELLS);
+        assert!(quiet || t.elapsed() >= Duration::from_millis(2600));
+        // a handle that reads nothing gives up at once
+        let empty = File::open("/dev/null").unwrap();
+        assert!(!wait_for_quiet(&empty, Duration::from_secs(60)));
+    }
 
     #[test]
     fn the_rsa_key_is_added_through_handles_and_the_state_gets_its_fingerprint() {
