@@ -272,13 +272,11 @@ fn wait_for_quiet(stat: &File, limit: Duration) -> bool {
 /// The idle time and the whole time of all CPUs, in ticks, from /proc/stat's first line
 /// (`cpu  user nice system idle iowait irq softirq steal ...`; guest time is in user's).
 fn idle_and_total(stat: &str) -> Option<(u64, u64)> {
-    let mut fields = stat
+    let ticks: Vec<u64> = stat
         .lines()
         .next()?
         .strip_prefix("cpu ")?
-        .split_whitespace();
-    let ticks: Vec<u64> = fields
-        .by_ref()
+        .split_whitespace()
         .take(8)
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;

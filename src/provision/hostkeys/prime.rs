@@ -22,6 +22,7 @@ const SIEVE_BELOW: u32 = 8192;
 const PUBLIC_EXPONENT: u32 = 65537;
 /// How far above its random start a candidate may be (Go's and rsa's bound).
 const DELTA_LIMIT: u32 = 1 << 20;
+
 /// An RSA key from two primes of `LIMBS` limbs each (an RSA-3072 key's are `U1536`'s); None
 /// once `stopped` says so (asked before each candidate).
 pub fn rsa_key<const LIMBS: usize>(
@@ -35,8 +36,8 @@ where
     loop {
         let p = sieve.prime::<LIMBS>(rng, stopped)?;
         let q = sieve.prime::<LIMBS>(rng, stopped)?;
-        // Both have their top two bits set, so n has exactly `bits` bits; p == q is a 2^-1500
-        // event that from_primes refuses anyway.
+        // Both have their top two bits set, so n has exactly twice their bits; p == q is a
+        // 2^-1500 event that from_primes refuses anyway.
         if p != q {
             let e = BigUint::from(PUBLIC_EXPONENT);
             return Some(RsaPrivateKey::from_primes(vec![p, q], e));
