@@ -44,6 +44,10 @@ AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 # dnsmasq binds the one to the other, and IMDS lists both as the VM's interface.
 GUEST_MAC = "00:0d:3a:12:34:56"
 GUEST_IP = "10.44.0.4"
+# the lines azprov frames its host key fingerprints with on the console (hostkeys::BEGIN, ::END),
+# as cloud-init and waagent do for Azure's serial console
+FINGERPRINTS_BEGIN = "-----BEGIN SSH HOST KEY FINGERPRINTS-----"
+FINGERPRINTS_END = "-----END SSH HOST KEY FINGERPRINTS-----"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl e2e@test"
 
 
@@ -607,8 +611,7 @@ def common_checks(c, fabric, root, out, rc, hostname):
     c("S3cr3t" not in boot_log and "S3cr3t" not in out, "the password leaked into a log")
     # ed25519 and ECDSA before the handover; RSA after it, by a process that outlives it, with
     # a last block listing all three (unless its search had ended before the handover)
-    blocks = [b.split("-----END SSH HOST KEY FINGERPRINTS-----")[0]
-              for b in out.split("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")[1:]]
+    blocks = [b.split(FINGERPRINTS_END)[0] for b in out.split(FINGERPRINTS_BEGIN + "\n")[1:]]
     c(bool(blocks) and "(ED25519)" in blocks[0] and "(ECDSA)" in blocks[0],
       "no fingerprint block with the ed25519 and ecdsa keys before the handover")
     c(bool(blocks) and blocks[-1].count(f"root@{hostname} (") == 3, "no fingerprint block with all three keys")
