@@ -248,7 +248,9 @@ def write_cd(work, ovf, custom_data=None, fs="udf"):
     return iso
 
 
-def imds_doc(computer):
+def imds_doc(computer, has_custom_data=True):
+    """IMDS's document; `has_custom_data` as Azure sets it when the VM was given custom data
+    (the CD of make_cd has some)."""
     return {
         "compute": {"location": "westeurope", "name": computer, "vmSize": "Standard_B1s",
                     "osProfile": {"adminUsername": "azureuser", "computerName": computer,
@@ -256,7 +258,7 @@ def imds_doc(computer):
                     "publicKeys": [{"keyData": KEY + "\r\n", "path": "/home/azureuser/.ssh/authorized_keys"}],
                     "userData": "", "customData": "", "vmId": VM_ID},
         "network": {"interface": imds_interface()},
-        "extended": {"compute": {"hasCustomData": True, "ppsType": "None"}},
+        "extended": {"compute": {"hasCustomData": has_custom_data, "ppsType": "None"}},
     }
 
 
@@ -417,10 +419,11 @@ class Fabric:
 
 
 # ---------------------------------------------------------------- QEMU
-def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384", disk_blockdev=None):
+def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True, mem="384", disk_blockdev=None,
+              nic="virtio-net-pci"):
     a = ["qemu-system-x86_64", "-accel", accel, "-m", mem, "-smp", "1", "-nodefaults", "-display", "none",
          "-no-reboot", "-uuid", DMI_UUID, "-kernel", kernel_img, "-initrd", initrd, "-append", append,
-         "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}"]
+         "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"{nic},netdev=n0,mac={GUEST_MAC}"]
     # a .qcow2 root is an overlay on a shared raw image (qemu-tests/distro)
     fmt = "qcow2" if root_img and root_img.endswith(".qcow2") else "raw"
     if azure:
@@ -429,6 +432,13 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
         a += ["-M", "pc", "-drive", f"file={root_img},format={fmt},if=virtio"]
         if cd:
             a += ["-drive", f"file={cd},format=raw,media=cdrom,if=ide,readonly=on"]
+    elif shape == "nvme":  # the OS disk on NVMe, as Azure's v6 sizes and later have it
+        a += ["-M", "q35", "-drive", f"file={root_img},format={fmt},if=none,id=nv0",
+              "-device", "nvme,serial=azprovos0,drive=nv0"]
+        if cd:
+            a += ["-device", "virtio-scsi-pci,id=scsi0",
+                  "-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
+                  "-device", "scsi-cd,drive=cd0,bus=scsi0.0"]
     else:  # gen2: everything on one SCSI controller, as Azure Gen2 VMs have it
         a += ["-M", "q35", "-device", "virtio-scsi-pci,id=scsi0"]
         if disk_blockdev:  # the disk through a -blockdev node of the caller's (blkdebug)
@@ -443,8 +453,9 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
 
 
 def kernel_append(shape, extra_append=""):
-    """The test kernel's command line: the root by UUID on Gen2's SCSI disk, /dev/vda on Gen1."""
-    root = "root=UUID=" + ROOT_UUID if shape == "gen2" else "root=/dev/vda"
+    """The test kernel's command line: the root by UUID on Gen2's SCSI disk, /dev/vda on Gen1,
+    /dev/nvme0n1 on NVMe."""
+    root = {"gen2": "root=UUID=" + ROOT_UUID, "nvme": "root=/dev/nvme0n1"}.get(shape, "root=/dev/vda")
     return (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests {root} rw rootwait "
             f"azprov.timeout=60 azprov.onfail=poweroff {extra_append} "
             f"{os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
@@ -456,12 +467,12 @@ def console_text(path):
 
 
 def boot(fabric, work, shape, kernel_img, initrd, root_img, cd, extra_append="", accel="tcg", timeout=VM_TIMEOUT,
-         azure=True, qemu_extra=()):
+         azure=True, qemu_extra=(), nic="virtio-net-pci"):
     append = kernel_append(shape, extra_append)
     console = os.path.join(work, "console.log")
     cmd = ["ip", "netns", "exec", fabric.ns, "timeout", str(timeout)] + \
-        qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure) + ["-serial", f"file:{console}"] + \
-        list(qemu_extra)
+        qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure, nic=nic) + \
+        ["-serial", f"file:{console}"] + list(qemu_extra)
     start = time.time()
     rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     took = time.time() - start
@@ -586,7 +597,7 @@ class Check:
 def scenario_happy(ctx, shape, hostname, with_cd=True, playbook=(), option245=True, extra="", fs="ext4",
                    cd_fs="udf"):
     work = ctx["work"]
-    fabric = Fabric(work, ctx["tag"], imds_doc(hostname), playbook, option245)
+    fabric = Fabric(work, ctx["tag"], imds_doc(hostname, has_custom_data=with_cd), playbook, option245)
     try:
         root = make_root(work, fs=fs)
         cd = make_cd(work, hostname + "-ovf", cd_fs) if with_cd else None
@@ -886,6 +897,30 @@ def run_no_cd(ctx):
         fabric.close()
 
 
+def run_nvme_mana(ctx):
+    """Azure's current hardware: the OS disk on NVMe and, as the only NIC, one that is neither
+    virtio nor hv_netvsc (vmxnet3 standing in for MANA, added with mkinitramfs --modules +NAME)."""
+    c = Check()
+    work = ctx["work"]
+    initrd = os.path.join(work, "initrd.img")
+    sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", ctx["moddir"], "--azprov", ctx["azprov"],
+       "--modules", "+vmxnet3", "-o", initrd, stdout=subprocess.DEVNULL)
+    fabric = Fabric(work, ctx["tag"], imds_doc("e2e-nvme"))
+    try:
+        root = make_root(work)
+        cd = make_cd(work, "e2e-nvme-ovf")
+        start, took, out, rc = boot(fabric, work, "nvme", ctx["kernel"], initrd, root, cd, "", ctx["accel"],
+                                    nic="vmxnet3")
+        common_checks(c, fabric, root, out, rc, "e2e-nvme")
+        c("/dev/nvme0n1 is /dev/nvme0n1 (ext4), mounted at /sysroot" in out, "the root was not mounted from NVMe")
+        # vmxnet3 loaded (a skipped module is named with why), virtio's NIC driver left out
+        c("vmxnet3 (" not in out and "virtio_net (no device)" in out, "vmxnet3 was not loaded, or virtio_net was")
+        c(re.search(r"azprov: dhcp: \d+ ms: eth0 10\.44\.0\.\d+/24", out) is not None, "no lease on the vmxnet3 NIC")
+        return c, ready_after(fabric, start), took, out
+    finally:
+        fabric.close()
+
+
 def run_missing_init(ctx):
     c = Check()
     work = ctx["work"]
@@ -1040,6 +1075,7 @@ SCENARIOS = {
     "xfs-root": run_xfs_root,
     "second-boot": run_second_boot,
     "no-cd": run_no_cd,
+    "nvme-mana": run_nvme_mana,
     "missing-init": run_missing_init,
     "imds-down": run_imds_down,
     "no-option-245": run_no_option_245,
@@ -1087,7 +1123,8 @@ def main():
         work = os.path.join(OUT, name)
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
-        ctx = {"work": work, "tag": str(i), "kernel": kernel_img, "initrd": initrd, "accel": accel}
+        ctx = {"work": work, "tag": str(i), "kernel": kernel_img, "initrd": initrd, "accel": accel,
+               "moddir": moddir, "azprov": azprov}
         try:
             c, ready, took, out = SCENARIOS[name](ctx)
         except Exception as e:  # a broken scenario is a failed scenario

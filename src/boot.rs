@@ -154,9 +154,9 @@ pub fn main() -> ! {
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.
     let modules = Modules::start(&cfg);
-    let root = mount_root(&cfg, &modules).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    let root = mount_root(&cfg, &modules).unwrap_or_else(|e| no_root(&opts, &modules, &e, &cfg));
     // Check the handover target before provisioning writes anything into the root.
-    let init = find_init(&cfg).unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    let init = find_init(&cfg).unwrap_or_else(|e| no_root(&opts, &modules, &e, &cfg));
     // Provisioning starts while the last drivers load: the media stage reads a CD drive that is
     // there already (else it waits for them), the network waits for them (the NIC's driver),
     // and iso9660 loads on demand.
@@ -177,6 +177,24 @@ pub fn main() -> ! {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let error = switch_root(Path::new(SYSROOT), &init, &args);
     fail_forever(&BootError::SwitchRoot { init, error }, cfg.onfail)
+}
+
+/// No root to boot: on Azure, unless provisioning is disabled, the failure is served over KVP
+/// (the only way it can reach the host: no network comes up without a root) for as long as
+/// PID 1 says why, until `azprov.onfail` halts or reboots.
+fn no_root(opts: &Options, modules: &Modules, e: &BootError, cfg: &Config) -> ! {
+    if !opts.disable && (opts.force || crate::azure::platform::is_azure(&opts.dmi)) {
+        // hv_utils makes the KVP device
+        modules.loader.wait();
+        let failure = crate::azure::reason::Failure::new(crate::azure::reason::Reason::BootRoot, e);
+        let vm_id = crate::azure::vmid::read(&opts.dmi, &opts.sys);
+        crate::provision::kvp::serve_failure(
+            &opts.kvp_device,
+            &failure,
+            vm_id.as_deref().unwrap_or("unknown"),
+        );
+    }
+    fail_forever(e, cfg.onfail)
 }
 
 /// Provisions the mounted root (unless disabled or not on Azure). A failure (a panic too) is reported and

@@ -129,6 +129,8 @@ fn run(c: Case) {
         }
     }
     let mut d = doc();
+    // IMDS announces custom data exactly when the VM has some: the OVF's
+    d["extended"]["compute"]["hasCustomData"] = json!(c.with_ovf);
     for i in 0..c.many_keys {
         // no path: 10,000 of them stay under the 1 MiB body cap
         d["compute"]["publicKeys"]

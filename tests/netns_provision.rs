@@ -31,7 +31,7 @@ fn doc(computer: &str, user: &str) -> Value {
             "vmId": VM_ID
         },
         "network": {"interface": []},
-        "extended": {"compute": {"hasCustomData": true, "ppsType": "None"}}
+        "extended": {"compute": {"hasCustomData": false, "ppsType": "None"}}
     })
 }
 
@@ -346,6 +346,39 @@ fn imds_down_for_good_provisions_from_ovf_and_reports_ready() {
             > 1
     );
     assert_eq!(health_posts(&net).last().unwrap()["state"], "Ready");
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn custom_data_imds_announces_and_no_cd_brings_is_reported() {
+    require_privileges();
+    let mut d = doc("vm-cd", "azureuser");
+    d["extended"]["compute"]["hasCustomData"] = json!(true);
+    let (net, root) = setup(d.clone(), json!([]), &[]);
+    let (o, v) = provision(&net, &root, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(
+        v["reason"],
+        "failure to read customData that IMDS announces"
+    );
+    let posts = health_posts(&net);
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0]["state"], "NotReady");
+    let desc = posts[0]["description"].as_str().unwrap();
+    assert!(
+        desc.contains("reason=failure to read customData that IMDS announces|")
+            && desc.contains("no provisioning media"),
+        "{desc}"
+    );
+    assert!(!root.join("var/lib/azprov/provisioned").exists());
+    // the OVF with its CustomData: Ready
+    let (net, root) = setup(d, json!([]), &[]);
+    let (o, v) = provision(&net, &root, &["--ovf", OVF]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod imds;
+pub mod kvp;
 pub mod media;
 pub mod ovf;
 pub mod platform;

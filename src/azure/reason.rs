@@ -60,6 +60,8 @@ reasons! {
         "IMDS answered 200 with a document that does not parse or is too large";
     NoProvisioningData => "failed to obtain provisioning data",
         "neither ovf-env.xml nor IMDS gave provisioning data (both causes follow as ovf= and imds=)";
+    MissingCustomData => "failure to read customData that IMDS announces",
+        "IMDS says the VM has custom data (`extended.compute.hasCustomData`) and ovf-env.xml brought none (no CD, a CD without CustomData, or one that could not be read)";
     NoHostname => "failed to determine hostname",
         "neither IMDS computerName nor ovf-env.xml HostName is set";
     InvalidHostname => "invalid hostname",
@@ -92,6 +94,8 @@ reasons! {
         "the health report itself failed; Azure cannot be told, so this appears only locally";
     Internal => "internal error",
         "a bug: azprov panicked while provisioning";
+    BootRoot => "failed to boot the root filesystem",
+        "PID 1 found no root device, could not mount it, or found no init in it; told over KVP only (no network is brought up without a root)";
     Operator => "reported by operator",
         "`azprov report failure --reason TEXT`; the operator's text follows as detail=";
 }
@@ -120,6 +124,8 @@ impl Reason {
             Reason::MountFstab => "a filesystem in the image's /etc/fstab (e.g. /home or /var) was not found: activate its volume in the initramfs (dracut: rd.lvm.lv=VG/LV) or fix the fstab line",
             Reason::WriteHostname | Reason::CreateUser | Reason::WriteKeys | Reason::WriteSudoers | Reason::WriteSshd | Reason::WriteCustomData | Reason::WriteUserData | Reason::WriteImds | Reason::WriteMarker => "check the path and errno in the cause: a read-only or full root filesystem, or a file the image made immutable",
             Reason::ReportFailed => "the WireServer (168.63.129.16:80) must be reachable: a firewall, proxy or missing route in the image is the usual cause",
+            Reason::MissingCustomData => "the VM has custom data: the initramfs needs the CD's drivers and udf (or isofs), and the CD must be readable",
+            Reason::BootRoot => "check root= on the kernel command line and that the initramfs has the disk's driver (nvme, hv_storvsc) and filesystem",
             Reason::Internal => "a bug in azprov: please report it with /var/log/azprov.log",
             Reason::Operator => return None,
         })
@@ -203,6 +209,10 @@ mod tests {
                     Reason::NoProvisioningData,
                     "failed to obtain provisioning data"
                 ),
+                (
+                    Reason::MissingCustomData,
+                    "failure to read customData that IMDS announces"
+                ),
                 (Reason::NoHostname, "failed to determine hostname"),
                 (Reason::InvalidHostname, "invalid hostname"),
                 (Reason::NoUsername, "failed to determine username"),
@@ -222,6 +232,7 @@ mod tests {
                 (Reason::WriteMarker, "failed to write provisioned marker"),
                 (Reason::ReportFailed, "failed to report ready"),
                 (Reason::Internal, "internal error"),
+                (Reason::BootRoot, "failed to boot the root filesystem"),
                 (Reason::Operator, "reported by operator"),
             ]
         );

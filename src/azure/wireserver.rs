@@ -102,19 +102,63 @@ pub enum Health {
 /// description with it.
 pub const DOCUMENTATION_URL: &str = "https://aka.ms/linuxprovisioningerror";
 
+/// How long an encoded report may be: the WireServer's description is counted in characters,
+/// a KVP value in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Chars(usize),
+    Bytes(usize),
+}
+
+impl Limit {
+    /// The longest prefix of `s` within the limit, cut on a character boundary.
+    pub fn cut(self, s: &str) -> &str {
+        let end = match self {
+            Limit::Chars(n) => s.char_indices().nth(n).map_or(s.len(), |(i, _)| i),
+            Limit::Bytes(n) if n >= s.len() => s.len(),
+            Limit::Bytes(n) => (0..=n).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0),
+        };
+        s.get(..end).unwrap_or_default()
+    }
+
+    fn len(self, s: &str) -> usize {
+        match self {
+            Limit::Chars(_) => s.chars().count(),
+            Limit::Bytes(_) => s.len(),
+        }
+    }
+
+    fn max(self) -> usize {
+        match self {
+            Limit::Chars(n) | Limit::Bytes(n) => n,
+        }
+    }
+
+    /// The same unit, another size.
+    fn with(self, n: usize) -> Limit {
+        match self {
+            Limit::Chars(_) => Limit::Chars(n),
+            Limit::Bytes(_) => Limit::Bytes(n),
+        }
+    }
+}
+
 /// `result=error|reason=…|agent=azprov/VER|…|vm_id=…|timestamp=…|documentation_url=…`, at most
 /// 512 characters: the failure's supporting data between `agent` and `vm_id`, in cloud-init's
 /// field order, cut short when the whole would be longer, so the tail always arrives. Values
 /// holding the delimiter are quoted the way cloud-init's csv writer does.
 pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> String {
-    let agent = format!("azprov/{}", crate::VERSION);
-    let join = |fields: &[(&str, &str)]| {
-        fields
-            .iter()
-            .map(|(k, v)| quote(&format!("{k}={v}")))
-            .collect::<Vec<_>>()
-            .join("|")
-    };
+    encode_failure(
+        failure,
+        vm_id,
+        timestamp,
+        Limit::Chars(DESCRIPTION_MAX_CHARS),
+    )
+}
+
+/// [`failure_description`] within `limit` (KVP's `PROVISIONING_REPORT` takes 1,022 bytes).
+pub fn encode_failure(failure: &Failure, vm_id: &str, timestamp: &str, limit: Limit) -> String {
+    let agent = agent();
     let mut head = vec![
         ("result", "error"),
         ("reason", failure.reason.as_str()),
@@ -137,12 +181,33 @@ pub fn failure_description(failure: &Failure, vm_id: &str, timestamp: &str) -> S
             ("documentation_url", DOCUMENTATION_URL),
         ])
     );
-    let room = DESCRIPTION_MAX_CHARS.saturating_sub(tail.chars().count());
-    let head: String = join(&head).chars().take(room).collect();
-    format!("{head}{tail}")
-        .chars()
-        .take(DESCRIPTION_MAX_CHARS)
-        .collect()
+    let head = join(&head);
+    let room = limit.max().saturating_sub(limit.len(&tail));
+    let whole = format!("{}{tail}", limit.with(room).cut(&head));
+    limit.cut(&whole).to_string()
+}
+
+/// What cloud-init reports to KVP on success (`report_success_to_host`), fields in its order.
+pub fn encode_success(vm_id: &str, timestamp: &str) -> String {
+    join(&[
+        ("result", "success"),
+        ("agent", &agent()),
+        ("timestamp", timestamp),
+        ("vm_id", vm_id),
+    ])
+}
+
+fn agent() -> String {
+    format!("{AGENT_NAME}/{}", crate::VERSION)
+}
+
+/// `k=v` fields joined by `|`, each quoted as cloud-init's csv writer quotes it.
+fn join(fields: &[(&str, &str)]) -> String {
+    fields
+        .iter()
+        .map(|(k, v)| quote(&format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 fn quote(field: &str) -> String {

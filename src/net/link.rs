@@ -342,6 +342,19 @@ mod tests {
         assert_eq!(names(candidates(&nics)), ["eth0", "eth1"]);
     }
 
+    /// ManaDirect (V8 sizes on): MANA is the only NIC, with no hv_netvsc twin to defer to.
+    #[test]
+    fn a_mana_nic_without_a_netvsc_twin_is_the_candidate() {
+        let nics = vec![nic("enP30832s1", 7, Some("mana"), true)];
+        assert_eq!(names(candidates(&nics)), ["enP30832s1"]);
+        // on a MANA host with Accelerated Networking, the VF twin stays out
+        let both = vec![
+            nic("enP30832s1", 7, Some("mana"), true),
+            nic("eth0", 7, Some("hv_netvsc"), true),
+        ];
+        assert_eq!(names(candidates(&both)), ["eth0"]);
+    }
+
     #[test]
     fn netvsc_then_carrier_then_name() {
         let nics = vec![

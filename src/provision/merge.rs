@@ -91,6 +91,22 @@ pub fn merge(
         (None, None) => None,
     };
 
+    let custom_data = ovf_env.and_then(|o| o.custom_data.clone());
+    // IMDS's extended.compute.hasCustomData: Azure has custom data for this VM. Without it the
+    // VM would come up with its configuration silently missing (cloud-init's
+    // experimental_fail_on_missing_customdata).
+    if custom_data.is_none() && m.and_then(|m| m.has_custom_data) == Some(true) {
+        let why = match ovf {
+            Ok(None) => "no provisioning media".to_string(),
+            Ok(Some(_)) => "ovf-env.xml has no CustomData".to_string(),
+            Err(f) => f.to_string(),
+        };
+        return Err(Failure::new(
+            Reason::MissingCustomData,
+            format!("IMDS says hasCustomData=true; {why}"),
+        ));
+    }
+
     Ok(ProvisioningData {
         vm_id: m.map(|m| m.vm_id.clone()),
         hostname,
@@ -98,7 +114,7 @@ pub fn merge(
         keys,
         password: ovf_env.and_then(|o| o.password.clone()),
         disable_password_auth,
-        custom_data: ovf_env.and_then(|o| o.custom_data.clone()),
+        custom_data,
         user_data: m.and_then(|m| m.user_data.clone()),
         imds_json: m.map(|m| m.raw.clone()),
     })
@@ -223,6 +239,35 @@ mod tests {
         let d = merge(&Ok(None), &m).unwrap();
         assert!(d.password.is_none() && d.custom_data.is_none());
         assert_eq!(d.keys.len(), 2);
+    }
+
+    #[test]
+    fn custom_data_that_imds_announces_must_arrive() {
+        let (o, m) = both();
+        let mut m = m.unwrap();
+        m.has_custom_data = Some(true);
+        let e = merge(&Ok(None), &Ok(m.clone())).unwrap_err();
+        assert_eq!(e.reason, Reason::MissingCustomData);
+        assert_eq!(
+            e.reason.as_str(),
+            "failure to read customData that IMDS announces"
+        );
+        assert!(e.to_string().contains("no provisioning media"), "{e}");
+        let mut bare = o.clone().unwrap().unwrap();
+        bare.custom_data = None;
+        let e = merge(&Ok(Some(bare)), &Ok(m.clone())).unwrap_err();
+        assert!(
+            e.to_string().contains("ovf-env.xml has no CustomData"),
+            "{e}"
+        );
+        let unread = Err(Failure::new(Reason::MediaRead, "sr0: EIO"));
+        let e = merge(&unread, &Ok(m.clone())).unwrap_err();
+        assert_eq!(e.reason, Reason::MissingCustomData);
+        assert!(e.to_string().contains("sr0: EIO"), "{e}");
+        // with the custom data, or with IMDS silent about it, the run goes on
+        assert!(merge(&o, &Ok(m.clone())).is_ok());
+        m.has_custom_data = None;
+        assert!(merge(&Ok(None), &Ok(m)).is_ok());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod data;
 pub mod fstab;
 pub mod growroot;
 pub mod hostkeys;
+pub mod kvp;
 pub mod merge;
 pub mod options;
 pub mod reboot;

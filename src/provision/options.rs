@@ -53,6 +53,9 @@ pub struct Options {
     pub modules: OnDemand,
     /// Where this boot's world-readable outcome goes (`/run/azprov`; [`super::record`]).
     pub record_dir: Option<PathBuf>,
+    /// The Hyper-V KVP device the report is served on while the run lasts (absent off
+    /// Hyper-V: the pool file only).
+    pub kvp_device: PathBuf,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -100,6 +103,7 @@ impl Options {
                 .collect(),
             modules: OnDemand::default(),
             record_dir: Some(super::record::RUN_DIR.into()),
+            kvp_device: crate::azure::kvp::responder::DEVICE.into(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! acknowledged, host keys not made for this VM id).
 
 use super::hostkeys::{self, Keygen};
+use super::kvp::KvpReport;
 use super::options::Options;
 use super::stages::{
     finish_host_keys_later, install_host_keys, network, prepare_network, record_report,
@@ -49,7 +50,7 @@ pub(super) fn finish_provisioned(
     }
     let before = state.clone();
     let _writable = writable(opts);
-    if resend && resend_ready(opts, state.hostname.as_deref(), s) {
+    if resend && resend_ready(opts, root, state.hostname.as_deref(), s) {
         state.report = Some(Acked::Ready);
         state.reported_at = Some(crate::time::now_rfc3339());
         // the failure was the report's own, and it is mended
@@ -83,7 +84,7 @@ pub(super) fn finish_provisioned(
 /// On a provisioned boot whose Ready was never acknowledged (the WireServer was down for the
 /// whole first boot): DHCP and the report again, nothing else, so Azure sees Ready now rather
 /// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing. True when it was.
-fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool {
+fn resend_ready(opts: &Options, root: &Sysroot, hostname: Option<&str>, s: &mut Summary) -> bool {
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
     let start = prepare_network(opts, deadline);
@@ -93,8 +94,10 @@ fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool
         client: &client,
         addr: wireserver_addr(opts.wireserver, &network),
     };
+    let kvp = KvpReport::start(&opts.kvp_device, Some(root));
     let acked = report(
         &ws,
+        &kvp,
         &Ok(()),
         s.vm_id.as_deref(),
         report_deadline(&network, deadline),
@@ -102,5 +105,6 @@ fn resend_ready(opts: &Options, hostname: Option<&str>, s: &mut Summary) -> bool
     );
     record_report(s, &Ok(()), &acked);
     release_network(opts.keep_network, network);
+    kvp.finish(deadline);
     acked.is_ok()
 }

@@ -3,6 +3,7 @@
 
 use super::fstab;
 use super::hostkeys::{self, Keygen};
+use super::kvp::KvpReport;
 use super::merge::merge;
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
@@ -216,6 +217,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
                 (fstab::Mounted::default(), Some(f))
             }
         };
+    let fstab_ok = mount_failure.is_none();
     remove_stale_temporaries(opts, root);
     if !opts.force {
         if let Some(why) = already_provisioned(root, &opts.dmi, &opts.sys) {
@@ -335,8 +337,11 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
     };
     let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
     let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
+    // never into /var when the filesystem fstab mounts there is missing
+    let kvp = KvpReport::start(&opts.kvp_device, fstab_ok.then_some(root));
     let acked = report(
         &ws,
+        &kvp,
         &outcome,
         s.vm_id.as_deref(),
         report_deadline(&network, deadline),
@@ -389,6 +394,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
     }
     finish_host_keys_later(root, &s, true);
+    kvp.finish(deadline);
     s
 }
 

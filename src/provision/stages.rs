@@ -2,6 +2,7 @@
 //! network brought up and torn down, the health report, the host keys put in place.
 
 use super::hostkeys;
+use super::kvp::KvpReport;
 use super::options::Options;
 use super::summary::{Report, Summary};
 use super::sysroot::Sysroot;
@@ -200,22 +201,23 @@ pub(super) fn network(
 }
 
 /// The report stage: Ready, or NotReady with the failure's reason and cause; a fresh goal
-/// state before each POST. Ok when the WireServer acknowledged it.
+/// state before each POST. The same outcome goes to KVP first (`kvp`), as cloud-init and
+/// azure-init put it there: the host reads KVP when the POST arrives. Ok when the WireServer
+/// acknowledged it.
 pub(super) fn report(
     ws: &WireServer,
+    kvp: &KvpReport,
     written: &Result<(), Failure>,
     vm_id: Option<&str>,
     deadline: Deadline,
     slot: &mut u64,
 ) -> Result<wireserver::Reported, Failure> {
+    let (vm_id, timestamp) = (vm_id.unwrap_or("unknown"), crate::time::now_rfc3339());
+    kvp.report(written.as_ref().map(|_| ()), vm_id, &timestamp);
     let health = match written {
         Ok(()) => Health::Ready,
         Err(f) => Health::Failed {
-            description: wireserver::failure_description(
-                f,
-                vm_id.unwrap_or("unknown"),
-                &crate::time::now_rfc3339(),
-            ),
+            description: wireserver::failure_description(f, vm_id, &timestamp),
         },
     };
     let dl = if deadline.expired() {
@@ -236,7 +238,9 @@ pub(super) fn report(
             r.posts
         )
     };
-    Stage::start("report").run(slot, post, found)
+    let acked = Stage::start("report").run(slot, post, found);
+    kvp.posted();
+    acked
 }
 
 /// What the summary says once the report stage ended: Ready or Failure, and the reason Azure

@@ -425,36 +425,9 @@ impl Sysroot {
         if created {
             self.label(&p, libc::S_IFREG)?;
         }
-        let lock = libc::flock {
-            l_type: libc::F_WRLCK as libc::c_short,
-            l_whence: libc::SEEK_SET as libc::c_short,
-            l_start: 0,
-            l_len: 0,
-            l_pid: 0,
-        };
         let deadline = self.wait_budget(std::time::Duration::from_secs(15));
-        let backoff = crate::deadline::Backoff {
-            base: std::time::Duration::from_millis(20),
-            cap: std::time::Duration::from_millis(500),
-        };
-        let mut attempt = 0;
-        loop {
-            match nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_SETLK(&lock)) {
-                Ok(_) => return Ok(f),
-                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EACCES) => {
-                    let wait = backoff.delay(attempt, crate::deadline::jitter());
-                    attempt += 1;
-                    if !deadline.sleep(wait) {
-                        return Err(WriteError::Io {
-                            op: "lock (another process held it for 15 s or the rest of the deadline)",
-                            path: LOCK.to_string(),
-                            source: std::io::Error::from_raw_os_error(libc::EAGAIN),
-                        });
-                    }
-                }
-                Err(e) => return Err(io_err("lock", &p)(std::io::Error::from(e))),
-            }
-        }
+        super::fcntl_lock(&f, LOCK, deadline)?;
+        Ok(f)
     }
 
     /// A subordinate id range for a new user in /etc/subuid or /etc/subgid, as useradd gives

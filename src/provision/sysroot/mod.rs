@@ -10,6 +10,7 @@ mod atomic;
 mod files;
 mod home;
 pub mod includes;
+pub mod kvp;
 pub mod label;
 mod owners;
 
@@ -379,6 +380,51 @@ impl Sysroot {
         }
         .map_err(io_err("remove", &p))?;
         Ok(true)
+    }
+}
+
+/// An fcntl write lock on all of `file` (`path` as the root sees it, for the error), the kind
+/// lckpwdf and hv_kvp_daemon take; tried without blocking, with backoff, until `deadline`.
+/// Released when the process closes any descriptor of the file.
+pub(super) fn fcntl_lock(
+    file: &impl std::os::fd::AsFd,
+    path: &str,
+    deadline: crate::deadline::Deadline,
+) -> Result<(), WriteError> {
+    let lock = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    let backoff = crate::deadline::Backoff {
+        base: std::time::Duration::from_millis(20),
+        cap: std::time::Duration::from_millis(500),
+    };
+    let mut attempt = 0;
+    loop {
+        match nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_SETLK(&lock)) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EACCES) => {
+                let wait = backoff.delay(attempt, crate::deadline::jitter());
+                attempt += 1;
+                if !deadline.sleep(wait) {
+                    return Err(WriteError::Io {
+                        op: "lock (another process held it until the deadline)",
+                        path: path.to_string(),
+                        source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+                    });
+                }
+            }
+            Err(e) => {
+                return Err(WriteError::Io {
+                    op: "lock",
+                    path: path.to_string(),
+                    source: std::io::Error::from(e),
+                })
+            }
+        }
     }
 }
 
