@@ -158,6 +158,12 @@ fn bad_input_exits_2_with_one_line() {
         "nowhere",
     );
     one_line_error(&azprov(&["frobnicate"]), 2, "frobnicate");
+    // a root that is not there is a usage error, not "not provisioned" (exit 1)
+    one_line_error(
+        &azprov(&["status", "--root", "/nonexistent/root"]),
+        2,
+        "/nonexistent/root",
+    );
 }
 
 #[test]

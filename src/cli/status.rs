@@ -44,6 +44,10 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
     let a = Args::for_command(args, "status")?;
     a.no_positionals()?;
     let offline = a.value("root")?;
+    // a root that is not there is a mistake in the command, not an unprovisioned VM
+    if let Some(dir) = offline.filter(|d| !std::path::Path::new(d).is_dir()) {
+        return Err(CliError::Usage(format!("--root {dir}: no such directory")));
+    }
     let root = Sysroot::new(offline.unwrap_or("/"));
     // this boot's record counts for the running system, or where --run-dir names it
     let run_dir = a.value("run-dir")?;

@@ -355,8 +355,14 @@ fn reload_sshd(run: &File) {
         };
         let mut text = String::new();
         let _ = f.read_to_string(&mut text);
-        let Ok(pid) = text.trim().parse::<i32>() else {
-            continue;
+        let pid = match sshd_named(&text, |pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()
+        }) {
+            Ok(pid) => pid,
+            Err(why) => {
+                log::warn!("host keys: sshd.pid: {why}; sshd not reloaded");
+                return;
+            }
         };
         match crate::sys::process::hangup(pid) {
             Ok(()) => log::info!("host keys: sshd (pid {pid}) reloaded to offer the rsa key"),
@@ -366,9 +372,40 @@ fn reload_sshd(run: &File) {
     }
 }
 
+/// The pid in sshd.pid's `text` when it names a running sshd: a pid above 1 (kill(2) takes -1
+/// as every process and 0 as the caller's group) whose command (`comm` of a pid) is sshd.
+fn sshd_named(text: &str, comm: impl Fn(i32) -> Option<String>) -> Result<i32, String> {
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{:?} is not a pid", text.trim()))?;
+    if pid <= 1 {
+        return Err(format!("{pid} is no sshd's pid"));
+    }
+    match comm(pid) {
+        Some(c) if c.trim() == "sshd" => Ok(pid),
+        Some(c) => Err(format!("pid {pid} is {:?}, not sshd", c.trim())),
+        None => Err(format!("no process {pid}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_pid_above_1_whose_process_is_sshd_is_signalled() {
+        let comm = |pid: i32| match pid {
+            1 => Some("systemd\n".to_string()),
+            77 => Some("sshd\n".to_string()),
+            78 => Some("bash\n".to_string()),
+            _ => None,
+        };
+        assert_eq!(sshd_named("77\n", comm), Ok(77));
+        for bad in ["-1", "0", "1", "78", "79", "", "x", "77 78"] {
+            assert!(sshd_named(bad, comm).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn the_cpus_idle_and_whole_time_come_from_the_first_line_of_proc_stat() {
