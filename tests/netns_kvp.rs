@@ -31,6 +31,18 @@ fn doc(computer: &str) -> Value {
     })
 }
 
+/// The fabric's namespace with the simulated fabric for `computer` (and dnsmasq with `dhcp`),
+/// and a seeded root.
+fn setup(computer: &str, dhcp: bool) -> (Net, std::path::PathBuf) {
+    let mut net = Net::new();
+    if dhcp {
+        net.dnsmasq(&[]);
+    }
+    net.fabric(&doc(computer), &json!([]), &[]);
+    let root = net.seed_root();
+    (net, root)
+}
+
 fn readers(args: &[&str]) -> Value {
     let o = Command::new("python3")
         .arg(READERS)
@@ -126,10 +138,7 @@ fn field<'a>(report: &'a str, key: &str) -> Option<&'a str> {
 fn every_outcome_leaves_one_report_both_readers_read() {
     require_privileges();
     // Ready
-    let mut net = Net::new();
-    net.dnsmasq(&[]);
-    net.fabric(&doc("vm-kvp"), &json!([]), &[]);
-    let root = net.seed_root();
+    let (net, root) = setup("vm-kvp", true);
     // a stale pool from the image's build: dropped
     std::fs::create_dir_all(root.join("var/lib/hyperv")).unwrap();
     let stale = root.join("var/lib/hyperv/.kvp_pool_1");
@@ -157,10 +166,7 @@ fn every_outcome_leaves_one_report_both_readers_read() {
     drop(net);
 
     // NotReady for a provisioning failure: the same reason the fabric received
-    let mut net = Net::new();
-    net.dnsmasq(&[]);
-    net.fabric(&doc("bad_host!"), &json!([]), &[]);
-    let root = net.seed_root();
+    let (net, root) = setup("bad_host!", true);
     let v = provision(&net, &root, &[]);
     assert_eq!(v["report"], "failure");
     let r = report(&guest_pool(&root));
@@ -178,10 +184,7 @@ fn every_outcome_leaves_one_report_both_readers_read() {
 
     // the WireServer unreachable (nothing listens on its port): the provisioning's outcome
     // is in KVP though no POST arrived
-    let mut net = Net::new();
-    net.dnsmasq(&[]);
-    net.fabric(&doc("vm-nows"), &json!([]), &[]);
-    let root = net.seed_root();
+    let (net, root) = setup("vm-nows", true);
     let v = provision(&net, &root, &["--wireserver", "168.63.129.16:81"]);
     assert_eq!(v["report"], "pending");
     assert!(health_descriptions(&net).is_empty());
@@ -190,9 +193,7 @@ fn every_outcome_leaves_one_report_both_readers_read() {
     drop(net);
 
     // no DHCP: the lease's reason, with no network at all
-    let mut net = Net::new();
-    net.fabric(&doc("vm-nodhcp"), &json!([]), &[]);
-    let root = net.seed_root();
+    let (net, root) = setup("vm-nodhcp", false);
     let v = provision(&net, &root, &["--timeout", "4"]);
     assert_eq!(v["reason"], "failure to obtain DHCP lease");
     assert!(net.fabric_log().is_empty());
@@ -225,10 +226,7 @@ fn seqpacket_opener(path: std::path::PathBuf) -> Opener {
 )]
 fn the_responder_answers_as_debians_daemon_does() {
     require_privileges();
-    let mut net = Net::new();
-    net.dnsmasq(&[]);
-    net.fabric(&doc("vm-kvp2"), &json!([]), &[]);
-    let root = net.seed_root();
+    let (net, root) = setup("vm-kvp2", true);
     assert_eq!(provision(&net, &root, &[])["report"], "ready");
     // the root's pools as the run loads them, and a host pool from an earlier boot
     let dir = root.join("var/lib/hyperv");

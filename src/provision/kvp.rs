@@ -57,17 +57,16 @@ impl<'a> KvpReport<'a> {
             Err(f) => encode_failure(f, vm_id, timestamp, Limit::Bytes(kvp::SAFE_VALUE_BYTES)),
         };
         let record = Record::new(kvp::REPORT_KEY, &value);
-        let mut pool = None;
-        if let Some(root) = self.root {
+        let written = self.root.and_then(|root| {
             let r = record.clone();
-            match root.update_kvp(POOL_GUEST, Freshness::ThisBoot, self.clock, |p| {
+            root.update_kvp(POOL_GUEST, Freshness::ThisBoot, self.clock, |p| {
                 kvp::upsert(p, r)
-            }) {
-                Ok(written) => pool = Some(written),
-                Err(e) => log::warn!("kvp: {e}"),
-            }
-        }
-        let pool = pool.unwrap_or_else(|| vec![record]);
+            })
+            .map_err(|e| log::warn!("kvp: {e}"))
+            .ok()
+        });
+        // no root to write into, or the write failed: the host still gets the report
+        let pool = written.unwrap_or_else(|| vec![record]);
         log::debug!("kvp: {} = {value}", kvp::REPORT_KEY);
         if let Some(r) = &self.responder {
             r.publish(pool);

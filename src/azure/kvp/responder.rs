@@ -287,8 +287,7 @@ impl Responder {
 
     /// Opens with `open`, registers and starts serving.
     pub fn start(mut open: Opener, pools: Pools) -> io::Result<Responder> {
-        let device = open()?;
-        (&device).write_all(&register_message())?;
+        let device = register(&mut open)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pools,
@@ -404,22 +403,22 @@ fn serve(shared: &Shared, mut device: File, mut open: Opener) {
                 // the kernel's REGISTER1, the one message with no reply, ends the handshake
                 handshake &= reply.is_some();
                 match reply {
-                    Some(()) => device.write_all(&buf).map(|_| true),
-                    None => Ok(true),
+                    Some(()) => device.write_all(&buf),
+                    None => Ok(()),
                 }
             }
             Ok(n) => Err(io::Error::other(format!("a read of {n} bytes"))),
             Err(e) => Err(e),
         };
         match exchanged {
-            Ok(_) => reopens = 0,
+            Ok(()) => reopens = 0,
             Err(e) if reopens < MAX_REOPENS => {
                 log::debug!("kvp: {e}; opening the device again");
                 let pause = backoff.delay(reopens, crate::deadline::jitter());
                 Deadline::after(pause).sleep(pause);
                 reopens += 1;
                 handshake = true;
-                match open().and_then(|d| (&d).write_all(&register_message()).map(|_| d)) {
+                match register(&mut open) {
                     Ok(d) => device = d,
                     Err(e) => {
                         log::warn!("kvp: cannot open the device again: {e}; no longer serving");
@@ -433,6 +432,13 @@ fn serve(shared: &Shared, mut device: File, mut open: Opener) {
             }
         }
     }
+}
+
+/// Opens the device and writes REGISTER1, as a daemon begins.
+fn register(open: &mut Opener) -> io::Result<File> {
+    let device = open()?;
+    (&device).write_all(&register_message())?;
+    Ok(device)
 }
 
 /// Answers one message under the lock and tracks the sweep; None when no reply is due.
