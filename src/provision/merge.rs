@@ -92,19 +92,8 @@ pub fn merge(
     };
 
     let custom_data = ovf_env.and_then(|o| o.custom_data.clone());
-    // IMDS's extended.compute.hasCustomData: Azure has custom data for this VM. Without it the
-    // VM would come up with its configuration silently missing (cloud-init's
-    // experimental_fail_on_missing_customdata).
     if custom_data.is_none() && m.and_then(|m| m.has_custom_data) == Some(true) {
-        let why = match ovf {
-            Ok(None) => "no provisioning media".to_string(),
-            Ok(Some(_)) => "ovf-env.xml has no CustomData".to_string(),
-            Err(f) => f.to_string(),
-        };
-        return Err(Failure::new(
-            Reason::MissingCustomData,
-            format!("IMDS says hasCustomData=true; {why}"),
-        ));
+        return Err(missing_custom_data(ovf));
     }
 
     Ok(ProvisioningData {
@@ -118,6 +107,21 @@ pub fn merge(
         user_data: m.and_then(|m| m.user_data.clone()),
         imds_json: m.map(|m| m.raw.clone()),
     })
+}
+
+/// IMDS's extended.compute.hasCustomData says Azure has custom data for this VM and none came:
+/// without it the VM would come up with its configuration silently missing (cloud-init's
+/// experimental_fail_on_missing_customdata). The failure says where the OVF stood.
+fn missing_custom_data(ovf: &Result<Option<OvfEnv>, Failure>) -> Failure {
+    let why = match ovf {
+        Ok(None) => "no provisioning media".to_string(),
+        Ok(Some(_)) => "ovf-env.xml has no CustomData".to_string(),
+        Err(f) => f.to_string(),
+    };
+    Failure::new(
+        Reason::MissingCustomData,
+        format!("IMDS says hasCustomData=true; {why}"),
+    )
 }
 
 /// IMDS's value, else ovf-env.xml's, validated by `parse`; `reasons` are (missing, invalid).
