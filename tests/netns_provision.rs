@@ -293,6 +293,56 @@ fn imds_only_without_media() {
     assert_eq!(health_posts(&net)[0]["state"], "Ready");
 }
 
+/// How a socket in the VM's namespace fares connecting to IMDS, with and without the mark:
+/// the errno's name, or "connected".
+fn imds_connect(net: &Net, mark: u32) -> String {
+    let script = format!(
+        "import errno, socket\n\
+         s = socket.socket()\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, {mark})\n\
+         s.settimeout(3)\n\
+         try:\n    s.connect(('169.254.169.254', 80)); print('connected')\n\
+         except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    );
+    let o = net.in_vm(&["python3", "-c", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn imds_is_reached_through_systemds_locked_mode() {
+    require_privileges();
+    let (net, root) = setup(doc("vm-locked", "azureuser"), json!([]), &[]);
+    // systemd v261's locked IMDS mode, as policy routing: 169.254.169.254 is prohibited to
+    // every socket but those marked 0x7FFF0815
+    let vm = net.vm.as_str();
+    let rule = |args: &[&str]| sh(&[&["ip", "-n", vm, "rule", "add"], args].concat());
+    rule(&["pref", "100", "fwmark", "0x7FFF0815", "goto", "32766"]);
+    rule(&["pref", "101", "to", "169.254.169.254", "prohibit"]);
+    assert_eq!(imds_connect(&net, 0), "EACCES", "unmarked: the lock holds");
+    assert_eq!(
+        imds_connect(&net, 0x7FFF_0815),
+        "ENETUNREACH",
+        "marked: past the lock, on to the main table, still empty"
+    );
+
+    let (o, v) = provision(&net, &root, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert_eq!(v["hostname"], "vm-locked");
+    assert_eq!(v["ssh_keys"], 2, "the keys came from IMDS: no media");
+    let log = net.fabric_log();
+    let answered = log
+        .iter()
+        .filter(|e| e["endpoint"] == "imds" && e["status"] == 200)
+        .count();
+    assert!(answered >= 1, "IMDS answered: {log:?}");
+}
+
 #[test]
 #[cfg_attr(
     azprov_unprivileged,

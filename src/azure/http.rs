@@ -1,9 +1,13 @@
 //! The one HTTP client: plain HTTP/1.1 through ureq, never a proxy, bounded bodies, and the
 //! retry classes of docs/DESIGN.md §4 inside one deadline.
 
+mod transport;
+
 use crate::deadline::{jitter, Backoff, Deadline};
 use std::fmt;
 use std::time::Duration;
+use transport::MarkedConnector;
+pub use transport::IMDS_FWMARK;
 
 /// Which endpoint a request goes to; decides which statuses are worth retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +117,9 @@ pub struct Request<'a> {
 }
 
 pub struct Client {
-    agent: ureq::Agent,
+    /// IMDS's sockets carry [`IMDS_FWMARK`]; the WireServer's carry no mark.
+    imds: ureq::Agent,
+    wireserver: ureq::Agent,
     /// Bound for one attempt (connect + request + body); the deadline may cut it shorter.
     pub attempt_timeout: Duration,
     pub connect_timeout: Duration,
@@ -169,13 +175,18 @@ impl Client {
             .max_redirects(0)
             .user_agent(format!("azprov/{}", crate::VERSION))
             .build();
-        let agent = ureq::Agent::with_parts(
-            config,
-            ureq::unversioned::transport::DefaultConnector::default(),
-            LiteralResolver::default(),
-        );
+        let agent = |mark| {
+            let connector = MarkedConnector { mark };
+            #[cfg(feature = "tls")]
+            let connector = {
+                use ureq::unversioned::transport::{Connector, RustlsConnector};
+                connector.chain(RustlsConnector::default())
+            };
+            ureq::Agent::with_parts(config.clone(), connector, LiteralResolver::default())
+        };
         Client {
-            agent,
+            imds: agent(Some(IMDS_FWMARK)),
+            wireserver: agent(None),
             attempt_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             backoff: Backoff::new(Duration::from_millis(250), Duration::from_secs(5)),
@@ -198,7 +209,7 @@ impl Client {
         let mut previous: Option<HttpError> = None;
         loop {
             attempt += 1;
-            let err = match self.send_once(req, deadline) {
+            let err = match self.send_once(class, req, deadline) {
                 Ok(body) => match parse(&body) {
                     Ok(v) => return Ok(v),
                     Err(e) => HttpError::Invalid {
@@ -243,7 +254,12 @@ impl Client {
     }
 
     /// One attempt: the body of a 2xx answer, or why there is none.
-    pub fn send_once(&self, req: &Request, deadline: Deadline) -> Result<Vec<u8>, HttpError> {
+    pub fn send_once(
+        &self,
+        class: Class,
+        req: &Request,
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, HttpError> {
         let url = req.url.to_string();
         let total = self.attempt_timeout.min(deadline.remaining());
         if total.is_zero() {
@@ -254,9 +270,13 @@ impl Client {
             });
         }
         let connect = self.connect_timeout.min(total);
+        let agent = match class {
+            Class::Imds => &self.imds,
+            Class::WireServer => &self.wireserver,
+        };
         let result = match req.method {
             Method::Get => {
-                let mut b = self.agent.get(req.url);
+                let mut b = agent.get(req.url);
                 for (k, v) in req.headers {
                     b = b.header(*k, *v);
                 }
@@ -267,7 +287,7 @@ impl Client {
                     .call()
             }
             Method::Post => {
-                let mut b = self.agent.post(req.url);
+                let mut b = agent.post(req.url);
                 for (k, v) in req.headers {
                     b = b.header(*k, *v);
                 }
