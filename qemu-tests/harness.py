@@ -14,6 +14,7 @@ pass/fail and the time from QEMU start to the fabric receiving Ready.
 """
 import base64
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -132,10 +133,11 @@ def xfs_protofile(tree, out):
         f.write("\n".join(lines) + "\n")
 
 
-def make_root(work, name="root.img", busybox=None, fs="ext4", size="48M"):
+def make_root(work, name="root.img", busybox=None, fs="ext4", size="48M", block=None):
     """An ext4 (or xfs, or btrfs) root made from the Debian-like fixture tree, with busybox (the host's,
     or `busybox` for another architecture) and the test init; an ext4 of `size`, with mke2fs's
-    defaults for that size (1 KiB blocks for the 48 MiB default, 4 KiB from 512 MiB up)."""
+    defaults for that size (1 KiB blocks for the 48 MiB default, 4 KiB from 512 MiB up) unless
+    `block` says (a 4Kn disk needs blocks of at least 4 KiB)."""
     tree = os.path.join(work, "roottree")
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(os.path.join(FIXTURES, "root"), tree, symlinks=True)
@@ -166,8 +168,8 @@ def make_root(work, name="root.img", busybox=None, fs="ext4", size="48M"):
         sh("mkfs.btrfs", "-q", "-f", "-L", "azroot", "-U", ROOT_UUID, "--rootdir", tree, img,
            stdout=subprocess.DEVNULL)
     else:
-        sh("mkfs.ext4", "-q", "-F", "-L", "azroot", "-U", ROOT_UUID, "-E", "root_owner=0:0", "-d", tree, img,
-           size, stdout=subprocess.DEVNULL)
+        sh("mkfs.ext4", "-q", "-F", "-L", "azroot", "-U", ROOT_UUID, "-E", "root_owner=0:0", "-d", tree,
+           *(["-b", str(block)] if block else []), img, size, stdout=subprocess.DEVNULL)
     shutil.rmtree(tree)
     return img
 
@@ -445,7 +447,9 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
             a += ["-blockdev", json.dumps(disk_blockdev),
                   "-device", f"scsi-hd,drive={disk_blockdev['node-name']},bus=scsi0.0,werror=stop,rerror=stop"]
         else:
-            a += ["-drive", f"file={root_img},format={fmt},if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0"]
+            # gen2-4kn: a disk of 4096-byte logical sectors (4Kn)
+            lbs = ",logical_block_size=4096,physical_block_size=4096" if shape == "gen2-4kn" else ""
+            a += ["-drive", f"file={root_img},format={fmt},if=none,id=hd0", "-device", f"scsi-hd,drive=hd0,bus=scsi0.0{lbs}"]
         if cd:
             a += ["-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
                   "-device", "scsi-cd,drive=cd0,bus=scsi0.0"]
@@ -455,7 +459,8 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, azure=True
 def kernel_append(shape, extra_append=""):
     """The test kernel's command line: the root by UUID on Gen2's SCSI disk, /dev/vda on Gen1,
     /dev/nvme0n1 on NVMe."""
-    root = {"gen2": "root=UUID=" + ROOT_UUID, "nvme": "root=/dev/nvme0n1"}.get(shape, "root=/dev/vda")
+    root = {"gen2": "root=UUID=" + ROOT_UUID, "gen2-4kn": "root=UUID=" + ROOT_UUID,
+            "nvme": "root=/dev/nvme0n1"}.get(shape, "root=/dev/vda")
     return (f"console=ttyS0 loglevel=6 panic=-1 cryptomgr.notests {root} rw rootwait "
             f"azprov.timeout=60 azprov.onfail=poweroff {extra_append} "
             f"{os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
@@ -503,13 +508,18 @@ def qmp_status(sock):
         return None
 
 
-def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_mark=None, timeout=VM_TIMEOUT):
+def boot_cut(fabric, work, kernel_img, initrd, disk, cd, sector=None, console_mark=None, timeout=VM_TIMEOUT,
+             torn=False):
     """A Gen2 boot cut by a power cut: QEMU is killed (SIGKILL) when the guest's first write
     touching `sector` of `disk` reaches it (blkdebug fails it, werror=stop freezes the VM, so
     neither it nor anything after it is written), or when `console_mark` shows on the
-    console. Returns what happened ("write", "console", or "finished") and the console."""
+    console. `torn`: the disk takes writes in pieces of 4 KiB, one after the other, so the
+    pieces of a longer write before `sector` land and the rest does not (a write torn in its
+    middle). Returns what happened ("write", "console", or "finished") and the console."""
     node = {"driver": "raw", "node-name": "hd0",
             "file": {"driver": "blkdebug", "image": {"driver": "file", "filename": disk}}}
+    if torn:
+        node["file"]["max-transfer"] = 4096
     if sector is not None:
         node["file"]["inject-error"] = [{"event": "write_aio", "sector": sector, "iotype": "write", "once": True}]
     console = os.path.join(work, "console.log")
@@ -721,44 +731,67 @@ def run_second_boot(ctx):
         fabric.close()
 
 
-def partitioned(work, fs_img, label, mib, after=None):
+@contextlib.contextmanager
+def sectors_of(disk, sector):
+    """`disk` as a block device with `sector`-byte logical sectors (a loop device for 4096,
+    detached after), or the file itself for 512."""
+    if sector == 512:
+        yield disk
+        return
+    dev = subprocess.run(["losetup", "--find", "--show", "--sector-size", str(sector), disk],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def partitioned(work, fs_img, label, mib, after=None, sector=512):
     """A disk of `mib` MiB whose first partition (from 1 MiB) holds `fs_img`, with a `label`
-    table (gpt or dos) made by sfdisk; `after`: a second partition of that many MiB behind it."""
+    table (gpt or dos) made by sfdisk in `sector`-byte sectors; `after`: a second partition of
+    that many MiB behind it."""
     disk = os.path.join(work, f"disk-{os.path.basename(fs_img)}")
     fs_mib = os.path.getsize(fs_img) >> 20
     with open(disk, "wb") as f:
         f.truncate((1 + fs_mib + (after or 0) + 1) << 20)
-    script = f"label: {label}\nstart=2048, size={fs_mib << 11}\n" + (f"size={after << 11}\n" if after else "")
-    subprocess.run(["sfdisk", "--quiet", disk], input=script.encode(), check=True)
+    per_mib = (1 << 20) // sector
+    script = f"label: {label}\nstart={per_mib}, size={fs_mib * per_mib}\n" + \
+        (f"size={after * per_mib}\n" if after else "")
+    with sectors_of(disk, sector) as dev:
+        subprocess.run(["sfdisk", "--quiet", dev], input=script.encode(), check=True)
     sh("dd", f"if={fs_img}", f"of={disk}", "bs=1M", "seek=1", "conv=notrunc,sparse", "status=none")
     with open(disk, "r+b") as f:
         f.truncate(mib << 20)   # Azure's OS disk is larger than the uploaded image
     return disk
 
 
-def sfdisk_dump(disk):
-    return subprocess.run(["sfdisk", "--dump", disk], capture_output=True, text=True, check=False).stdout
+def sfdisk_dump(disk, sector=512):
+    with sectors_of(disk, sector) as dev:
+        return subprocess.run(["sfdisk", "--dump", dev], capture_output=True, text=True, check=False).stdout
 
 
 def run_growroot(ctx):
     """The OS disk is larger than the image: the root's GPT partition (Gen2's SCSI disk, found
-    by UUID) and its ext4 grow to the disk's end on the first boot, online; the second boot
-    finds nothing to do."""
+    by UUID, with 4096-byte logical sectors: 4Kn) and its ext4 grow to the disk's end on the
+    first boot, online; the second boot finds nothing to do."""
     c = Check()
     work = ctx["work"]
     fabric = Fabric(work, ctx["tag"], imds_doc("e2e-grow"))
     try:
-        disk = partitioned(work, make_root(work), "gpt", 256)
+        disk = partitioned(work, make_root(work, block=4096), "gpt", 256, sector=4096)
         cd = make_cd(work, "e2e-grow")
-        _start, took, out, rc = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        _start, took, out, rc = boot(fabric, work, "gen2-4kn", ctx["kernel"], ctx["initrd"], disk, cd, "",
+                                     ctx["accel"])
         c(rc == 0 and "REALROOT-DONE" in out, "the first boot did not reach the real init")
         c(re.search(r"growroot: partition sda1 \+2\d\d MiB \(GPT\) in \d+ ms; ext4 4\d MiB -> 25\d MiB", out)
           is not None, "growroot did not grow the GPT partition and ext4")
         size = re.search(r"REALROOT rootsize=(\d+)", out)
         c(size is not None and int(size.group(1)) > 200 * 1024, f"the real root is not ~256 MiB: {size and size.group(1)}")
-        dump = sfdisk_dump(disk)
-        c("last-lba: 524254" in dump and "size=522207," in dump.replace(" ", ""), f"the table on disk: {dump}")
-        _s, _t, out2, rc2 = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
+        # in 4096-byte sectors: 65536 on the disk, less the backup's array (4) and header, less one
+        dump = sfdisk_dump(disk, 4096)
+        c("sector-size: 4096" in dump and "last-lba: 65530" in dump and "size=65275," in dump.replace(" ", ""),
+          f"the table on disk: {dump}")
+        _s, _t, out2, rc2 = boot(fabric, work, "gen2-4kn", ctx["kernel"], ctx["initrd"], disk, cd, "", ctx["accel"])
         c(rc2 == 0 and "growroot: skipped: sda1 fills its disk already" in out2,
           "the second boot did not find the root grown already")
         return c, ready_after(fabric, _start), took, out + out2
@@ -809,10 +842,12 @@ def run_growroot_fs(ctx, fs):
 
 def run_growroot_powercut(ctx):
     """A power cut at each step of growroot's table rewrite (QEMU killed as the guest's write
-    reaches the disk, so that write and all after it are lost), and one after its last write,
-    while the filesystem grows: after every cut the primary table the kernel reads is sound
-    (the old one until the last write, the new one after it), the next boot grows what is left,
-    and the filesystem is clean."""
+    reaches the disk, so that write and all after it are lost), one that tears the backup
+    array in its middle, and one after its last write, while the filesystem grows: after every
+    cut the primary table the kernel reads is the old one, or (a cut between the primary's
+    entry sector and its header) one that PID 1 puts back from the sound backup before it looks
+    for the root, or the new one; the next boot grows what is left, and the filesystem is
+    clean."""
     c = Check()
     work = ctx["work"]
     fabric = Fabric(work, ctx["tag"], imds_doc("e2e-cut"))
@@ -821,31 +856,34 @@ def run_growroot_powercut(ctx):
         cd = make_cd(work, "e2e-cut")
         sectors = 256 << 11
         # a cut at the first write touching each sector of the table, in growroot's order
-        # (early::grow): the protective MBR, the backup array and header at the new end, the
-        # primary header with its array (sector 2 cuts the array if it went on its own), and
-        # last a cut after the table, while the filesystem grows
-        steps = [("the protective MBR", 0), ("the backup array", sectors - 33), ("the backup header", sectors - 1),
-                 ("the primary array", 2), ("the primary header", 1), ("after the table", None)]
-        for i, (what, sector) in enumerate(steps):
+        # (early::grow): the protective MBR, the backup array (whole, and torn after 16 of its
+        # 32 sectors) and header at the new end, the primary's entry sector, its header, and
+        # last a cut after the table, while the filesystem grows. What the kernel then reads:
+        # the old primary, none (until PID 1 puts it back), or the new one
+        steps = [("the protective MBR", 0, False, "old"), ("the backup array", sectors - 33, False, "old"),
+                 ("the backup array, torn in its middle", sectors - 33 + 16, True, "old"),
+                 ("the backup header", sectors - 1, False, "old"), ("the primary entry sector", 2, False, "old"),
+                 ("the primary header", 1, False, "unsound"), ("after the table", None, False, "new")]
+        for i, (what, sector, torn, want) in enumerate(steps):
             disk = partitioned(work, make_root(work), "gpt", 256)
             old = gpt_primary(disk)
-            how, out = boot_cut(fabric, work, ctx["kernel"], ctx["initrd"], disk, cd, sector=sector,
+            how, out = boot_cut(fabric, work, ctx["kernel"], ctx["initrd"], disk, cd, sector=sector, torn=torn,
                                 console_mark=None if sector is not None else "growroot: partition")
             out_all += f"\n==== cut {i} at {what}: {how}\n{out}"
             c(how == ("write" if sector is not None else "console"), f"cut {i} ({what}): the boot ended by {how}")
             after = gpt_primary(disk)
-            c(after is not None, f"cut {i} ({what}): the primary GPT is not sound")
-            want_new = sector is None
-            c(after is not None and (after[0] == 524254) == want_new and (after == old) != want_new,
-              f"cut {i} ({what}): the primary GPT is {after}, was {old}")
+            seen = "unsound" if after is None else "old" if after == old else "new" if after[0] == 524254 else after
+            c(seen == want, f"cut {i} ({what}): the primary GPT is {seen} ({after}), not {want} (was {old})")
             _start, took, out2, rc = boot(fabric, work, "gen2", ctx["kernel"], ctx["initrd"], disk, cd, "",
                                           ctx["accel"])
             out_all += f"\n==== boot after cut {i}\n{out2}"
             grew = re.search(r"growroot: partition sda1 \+2\d\d MiB \(GPT\) in \d+ ms; ext4 4\d MiB -> 25\d MiB", out2)
             fs_only = re.search(r"growroot: ext4 \d+ MiB -> 25\d MiB in \d+ ms", out2)
             done = "growroot: skipped: sda1 fills its disk already" in out2
+            put_back = "growroot: sda's primary GPT was not sound (a cut during a grow); put back" in out2
             c(rc == 0 and "REALROOT-DONE" in out2, f"after cut {i} ({what}): the boot did not reach the real init")
-            c(grew is not None if sector is not None else (fs_only is not None or done),
+            c(put_back == (want == "unsound"), f"after cut {i} ({what}): the primary was put back: {put_back}")
+            c(grew is not None if want == "old" else (fs_only is not None or done),
               f"after cut {i} ({what}): growroot said "
               f"{next((l for l in out2.splitlines() if 'growroot:' in l), None)!r}")
             size = re.search(r"REALROOT rootsize=(\d+)", out2)

@@ -354,9 +354,18 @@ fn mount_root(cfg: &Config, modules: &Modules) -> Result<PathBuf, BootError> {
     let bound = root_wait(cfg);
     let deadline = bound.map(crate::deadline::Deadline::after);
     let mut told = Instant::now();
+    let mut checked = std::collections::BTreeSet::new();
     let (dev, probed) = loop {
         if let Some(found) = find_root_device(spec) {
             break found;
+        }
+        // a disk whose primary GPT a cut during a grow left unsound shows no partition
+        if cfg.growroot {
+            crate::provision::growroot::restore_tables(
+                Path::new("/sys"),
+                Path::new("/dev"),
+                &mut checked,
+            );
         }
         match (deadline, bound) {
             (Some(d), Some(waited)) if !d.sleep(ROOT_POLL) => {

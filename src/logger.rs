@@ -333,14 +333,70 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
     }
 }
 
-/// A sink that keeps every line in memory, so the whole boot's log can be written into the
-/// root once it is known to be writable (`/var/log/azprov.log`).
+/// A sink that keeps the run's lines in memory, so they can be written into the root once it
+/// is known to be writable (`/var/log/azprov.log`). Bounded whatever the run logs (a flood of
+/// packets on the link must not fill the initramfs's memory): the first [`Capture::HEAD`]
+/// bytes of lines (how the boot began), the newest [`Capture::TAIL`] bytes (how it ended), and
+/// between them one line that counts what was dropped.
 #[derive(Clone, Default)]
-pub struct Capture(std::sync::Arc<Mutex<Vec<u8>>>);
+pub struct Capture(std::sync::Arc<Mutex<Kept>>);
+
+#[derive(Default)]
+struct Kept {
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<Vec<u8>>,
+    tail_bytes: usize,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+}
+
+impl Kept {
+    fn push(&mut self, line: &[u8]) {
+        if self.tail.is_empty() && self.head.len() + line.len() <= Capture::HEAD {
+            self.head.extend_from_slice(line);
+            return;
+        }
+        self.tail.push_back(line.to_vec());
+        self.tail_bytes += line.len();
+        while self.tail_bytes > Capture::TAIL {
+            let Some(old) = self.tail.pop_front() else {
+                break;
+            };
+            self.tail_bytes -= old.len();
+            self.dropped_lines += 1;
+            self.dropped_bytes += old.len() as u64;
+        }
+    }
+
+    fn contents(&self) -> Vec<u8> {
+        let mut out = self.head.clone();
+        if self.dropped_lines > 0 {
+            out.extend_from_slice(
+                format!(
+                    "{} azprov: warn: … {} lines ({} bytes) of this run not kept here; \
+                     the journal has them\n",
+                    crate::time::log_stamp(),
+                    self.dropped_lines,
+                    self.dropped_bytes
+                )
+                .as_bytes(),
+            );
+        }
+        for line in &self.tail {
+            out.extend_from_slice(line);
+        }
+        out
+    }
+}
 
 static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
 
 impl Capture {
+    /// How much of a run's beginning is kept.
+    pub const HEAD: usize = 64 * 1024;
+    /// How much of its end is kept.
+    pub const TAIL: usize = 128 * 1024;
+
     /// The process's capture, installed as a sink on first use; PID 1 installs it right after
     /// the logger, so the root's log file also holds the module and root-mount lines.
     pub fn install() -> Capture {
@@ -354,14 +410,15 @@ impl Capture {
     }
 
     pub fn contents(&self) -> Vec<u8> {
-        self.0.lock().map(|b| b.clone()).unwrap_or_default()
+        self.0.lock().map(|k| k.contents()).unwrap_or_default()
     }
 }
 
 impl Write for Capture {
+    /// One write is one line (or a block of lines written together): kept or dropped whole.
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut b) = self.0.lock() {
-            b.extend_from_slice(buf);
+        if let Ok(mut k) = self.0.lock() {
+            k.push(buf);
         }
         Ok(buf.len())
     }
@@ -411,5 +468,37 @@ mod tests {
         let n = server.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"<29>azprov[1]: hi");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_capture_keeps_the_beginning_and_the_end_and_counts_the_middle() {
+        let mut c = Capture::default();
+        let line = |i: usize| format!("line {i:07} {}\n", "x".repeat(80));
+        let n = 100_000;
+        for i in 0..n {
+            c.write_all(line(i).as_bytes()).unwrap();
+        }
+        let text = String::from_utf8(c.contents()).unwrap();
+        assert!(
+            text.len() <= Capture::HEAD + Capture::TAIL + 200,
+            "{}",
+            text.len()
+        );
+        assert!(text.starts_with(&line(0)), "the run's first line");
+        assert!(text.ends_with(&line(n - 1)), "its newest");
+        let kept = text.lines().filter(|l| l.starts_with("line ")).count();
+        let note = text.lines().find(|l| l.contains("not kept here")).unwrap();
+        assert!(note.contains(&format!("… {} lines (", n - kept)), "{note}");
+        // whole lines only, in order
+        let numbers: Vec<usize> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("line ")?.get(..7)?.parse().ok())
+            .collect();
+        assert!(numbers.windows(2).all(|w| w[0] < w[1]));
+        // a run that logs little keeps it all, and says nothing of dropping
+        let mut small = Capture::default();
+        small.write_all(b"one\n").unwrap();
+        small.write_all(b"two\n").unwrap();
+        assert_eq!(small.contents(), b"one\ntwo\n");
     }
 }

@@ -1283,4 +1283,27 @@ fn status_tells_the_truth_after_disabled_off_azure_failed_and_ready_runs() {
             .contains("Permission denied"),
         "{st}"
     );
+    // the same user with no record of this boot to go by: it cannot know, and says so
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["status", "--root", r, "--json"])
+        .output()
+        .unwrap();
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(3), "{st} {}", stderr(&o));
+    assert_eq!(st["provisioned"], "unknown", "{st}");
+    assert!(st["state_unreadable"].is_string(), "{st}");
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["status", "--root", r])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("provisioned:    unknown (the state is readable by root only"),
+        "{out}"
+    );
 }

@@ -300,7 +300,8 @@ pub fn man_page() -> String {
     );
     m.push_str(
         ".SH EXIT STATUS\n0 ok (or already provisioned, disabled, not on Azure); 1 provisioning or \
-         the network failed; 2 usage or bad input.\n",
+         the network failed; 2 usage or bad input; 3 status cannot tell (the state is readable by \
+         root only and this boot left no record).\n",
     );
     m.push_str(
         ".SH FILES\n/var/lib/azprov/ (state, marker, custom data), /var/log/azprov.log, \

@@ -37,7 +37,8 @@ usage:
   azprov version | -V
   azprov COMMAND --help                    that command's options, one line each
 exit codes: 0 ok (also: already provisioned, disabled, not Azure), 1 failed (network,
-provisioning; status: not provisioned or Ready not acknowledged), 2 usage or bad input";
+provisioning; status: not provisioned or Ready not acknowledged), 2 usage or bad input,
+3 status cannot tell (the state is readable by root only and this boot left no record)";
 
 /// Why a command failed, and so its exit code.
 #[derive(Debug)]
@@ -46,6 +47,8 @@ pub enum CliError {
     Usage(String),
     /// The network or the fabric failed: exit 1.
     Failed(String),
+    /// `status` cannot tell what it was asked (it may not read the state): exit 3.
+    Unknown(String),
 }
 
 impl CliError {
@@ -53,6 +56,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => 2,
             CliError::Failed(_) => 1,
+            CliError::Unknown(_) => 3,
         }
     }
 }
@@ -60,7 +64,7 @@ impl CliError {
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CliError::Usage(m) | CliError::Failed(m) => f.write_str(m),
+            CliError::Usage(m) | CliError::Failed(m) | CliError::Unknown(m) => f.write_str(m),
         }
     }
 }

@@ -13,11 +13,31 @@ use crate::provision::summary::SCHEMA;
 use crate::provision::sysroot::{Sysroot, LOG_FILE, STATE_DIR};
 use serde::Serialize;
 
+/// Whether the root was provisioned, as far as this user can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Provisioned {
+    Yes,
+    No,
+    /// The state cannot be read (not root) and this boot left no record that says.
+    Unknown,
+}
+
+impl Serialize for Provisioned {
+    /// true, false, or "unknown".
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Provisioned::Yes => s.serialize_bool(true),
+            Provisioned::No => s.serialize_bool(false),
+            Provisioned::Unknown => s.serialize_str("unknown"),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Status {
     schema: u32,
     version: &'static str,
-    provisioned: bool,
+    provisioned: Provisioned,
     /// What Azure acknowledged for the provisioning: ready, failure or pending (none yet).
     report: Option<Acked>,
     /// What this boot's run did: ready, failure, pending, skipped, disabled, not-azure.
@@ -66,19 +86,21 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         Ok(_) => (State::load(&root), None),
     };
     let marker = root.read_marker();
+    let yes = |b: bool| if b { Provisioned::Yes } else { Provisioned::No };
     let provisioned = match (&marker, offline) {
-        (None, _) if state_unreadable.is_some() => {
-            // not root: this boot's record says whether the VM was provisioned
-            matches!(this("report").as_deref(), Some("ready" | "skipped"))
-        }
-        (None, _) => false,
-        (Some(_), Some(_)) => true,
+        // not root: this boot's record says whether the VM was provisioned, when there is one
+        (None, _) if state_unreadable.is_some() => match this("report") {
+            Some(r) => yes(matches!(r.as_str(), "ready" | "skipped")),
+            None => Provisioned::Unknown,
+        },
+        (None, _) => Provisioned::No,
+        (Some(_), Some(_)) => Provisioned::Yes,
         // the running system: a marker from another VM (an image not cleaned) does not count
-        (Some(m), None) => crate::azure::vmid::read(
+        (Some(m), None) => yes(crate::azure::vmid::read(
             std::path::Path::new(crate::azure::vmid::DMI_DIR),
             std::path::Path::new("/sys"),
         )
-        .is_none_or(|id| &id == m),
+        .is_none_or(|id| &id == m)),
     };
     let state = state.unwrap_or_default();
     let reason = state.reason.clone().or_else(|| this("reason"));
@@ -93,7 +115,13 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
             _ => None,
         }),
         this_boot: this("report"),
-        vm_id: state.vm_id.clone().or(marker).or_else(|| this("vm_id")),
+        // one vocabulary with the run's summary: no VM id known is null
+        vm_id: state
+            .vm_id
+            .clone()
+            .or(marker)
+            .or_else(|| this("vm_id"))
+            .filter(|id| id != crate::provision::state::UNKNOWN_VM),
         provisioned_at: state.provisioned_at.clone(),
         reported_at: state.reported_at.clone(),
         hint: reason
@@ -122,11 +150,14 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
     }
     let not_to_provision = matches!(st.this_boot.as_deref(), Some("disabled" | "not-azure"));
     match (st.provisioned, st.report) {
-        (true, Some(Acked::Ready)) => Ok(()),
-        (false, _) if not_to_provision => Ok(()),
-        (false, _) => Err(CliError::Failed("not provisioned".into())),
-        (true, _) => Err(CliError::Failed(
+        (Provisioned::Yes, Some(Acked::Ready)) => Ok(()),
+        (Provisioned::No, _) if not_to_provision => Ok(()),
+        (Provisioned::No, _) => Err(CliError::Failed("not provisioned".into())),
+        (Provisioned::Yes, _) => Err(CliError::Failed(
             "provisioned, but Ready was not acknowledged by Azure".into(),
+        )),
+        (Provisioned::Unknown, _) => Err(CliError::Unknown(
+            "cannot tell whether this VM was provisioned: run as root".into(),
         )),
     }
 }
@@ -148,7 +179,13 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
     });
     println!(
         "provisioned:    {}",
-        if st.provisioned { "yes" } else { "no" }
+        match st.provisioned {
+            Provisioned::Yes => "yes",
+            Provisioned::No => "no",
+            Provisioned::Unknown =>
+                "unknown (the state is readable by root only, and this boot \
+                                     left no record in /run/azprov)",
+        }
     );
     println!(
         "this boot:      {}{}",
@@ -181,8 +218,11 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
         println!(
             "script:         {source}: started {}, {}",
             r.started_at,
-            r.exit
-                .map_or("not seen to finish".into(), |e| format!("exit {e}"))
+            match (r.exit, &r.signal) {
+                (None, _) => "not seen to finish".to_string(),
+                (Some(e), Some(sig)) => format!("killed by {sig} (exit {e})"),
+                (Some(e), None) => format!("exit {e}"),
+            }
         );
     }
     println!("log:            {} (and journalctl -t azprov -b)", st.log);

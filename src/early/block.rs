@@ -117,14 +117,21 @@ pub const GPT_ENTRIES_MAX: u64 = 1 << 20;
 /// Reads from a device go in pieces of at most this many bytes.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// Partitions from a GPT (LBA 1 header; `read_at` reads disk bytes) or an MBR.
+/// Partitions from a GPT (LBA 1 header, at byte 512 or, on a disk of 4096-byte sectors, at
+/// 4096; `read_at` reads disk bytes) or an MBR.
 pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Vec<PartInfo> {
-    const SECTOR: u64 = 512;
     let Some(mbr) = read_at(0, 1024) else {
         return Vec::new();
     };
-    if get(&mbr, 512, 8) == Some(b"EFI PART") {
-        let h = mbr.get(512..).unwrap_or(&[]);
+    let gpt = if get(&mbr, 512, 8) == Some(b"EFI PART") {
+        mbr.get(512..).map(|h| (512, h.to_vec()))
+    } else {
+        read_at(4096, 512)
+            .filter(|h| h.get(..8) == Some(b"EFI PART"))
+            .map(|h| (4096, h))
+    };
+    if let Some((sector, h)) = gpt {
+        let h = h.as_slice();
         let (Some(lba), Some(n), Some(size)) = (le64(h, 72), le32(h, 80), le32(h, 84)) else {
             return Vec::new();
         };
@@ -140,7 +147,7 @@ pub fn probe_table(read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>) -> Ve
         else {
             return Vec::new();
         };
-        let Some(at) = lba.checked_mul(SECTOR) else {
+        let Some(at) = lba.checked_mul(sector) else {
             return Vec::new();
         };
         let Some(entries) = read_at(at, bytes as usize) else {

@@ -2,19 +2,25 @@
 //! computed from the old one, as a list of writes in a safe order. Pure: `read_at` gives disk
 //! bytes, the result says what to write where; the caller writes, tells the kernel and grows
 //! the filesystem. Disks are untrusted input, as in `block`: sizes are checked before use.
+//! Sectors are the disk's logical block size: 512 bytes, or 4096 on a 4Kn disk (where the
+//! GPT header is at byte 4096 and the protective MBR fills the first 512 bytes of sector 0).
 //!
 //! GPT: the partition's last LBA moves to the new last usable LBA; the backup entry array and
 //! header move to the disk's new end; both headers' CRCs are recomputed. The kernel reads only
-//! the primary table (the backup only with `gpt` on its command line), so the primary must be
-//! whole at every instant: the protective MBR's size goes first (nobody reads it but as a
-//! marker), then the new backup array and header at the new end (unused while the primary is
-//! sound), and last the primary header and its array together in one write, the commit point.
-//! A power cut before it leaves the old table whole, and the next boot plans it all again;
-//! after it, the new one. MBR: the entry's sector count, one 512-byte write.
+//! the primary table (the backup only with `gpt` on its command line). The order: the
+//! protective MBR's size (nobody reads it but as a marker), then the new backup array and
+//! header at the new end (unused while the primary is sound), then the primary's one entry
+//! sector that changes, and last the primary header sector, the commit point. Every write but
+//! the backup array is one sector, which storage writes whole; none is a multi-sector write
+//! that could land in part. A cut before the entry sector leaves the old table whole, and the
+//! next boot plans it all again; after the header, the new one. A cut between the two leaves
+//! a primary whose array fails its header's CRC beside a sound new backup: [`restore`] puts
+//! the primary back from the backup (PID 1 does it before it looks for the root, growroot
+//! before it plans). A hybrid MBR (real entries beside the 0xEE one) is left as it is.
+//! MBR: the entry's sector count, one write of sector 0.
 
 use super::block::{le32, le64};
 
-const SECTOR: u64 = 512;
 /// Less than this to gain: left alone.
 pub const MIN_GAIN: u64 = 1 << 20;
 
@@ -24,11 +30,15 @@ pub struct Plan {
     pub table: &'static str,
     /// (byte offset on the disk, bytes), to be written in this order.
     pub writes: Vec<(u64, Vec<u8>)>,
+    /// The logical sector size the plan counts in.
+    pub sector: u64,
     /// The partition's first sector and its new sector count.
     pub start: u64,
     pub sectors: u64,
     /// Bytes gained.
     pub gain: u64,
+    /// Something left alone on the way, to be said in one line.
+    pub note: Option<&'static str>,
 }
 
 /// Why the partition is left as it is.
@@ -80,58 +90,131 @@ pub fn crc32(data: &[u8]) -> u32 {
     !crc
 }
 
-/// The plan to grow partition `number` (1-based) to the end of a disk of `disk_bytes`.
-pub fn plan(
-    read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
-    disk_bytes: u64,
-    number: u32,
-) -> Result<Plan, Skip> {
-    let head = read_at(0, 1024).ok_or(Skip::NoTable)?;
-    let disk_sectors = disk_bytes / SECTOR;
-    if head.get(512..520) == Some(b"EFI PART") {
-        return gpt(read_at, &head, disk_sectors, number);
+type ReadAt<'a> = &'a mut dyn FnMut(u64, usize) -> Option<Vec<u8>>;
+
+/// The plan to grow partition `number` (1-based) to the end of a disk of `disk_bytes` whose
+/// logical sectors are `sector` bytes (512 or 4096).
+pub fn plan(read_at: ReadAt, disk_bytes: u64, number: u32, sector: u64) -> Result<Plan, Skip> {
+    if !matches!(sector, 512 | 4096) {
+        return Err(Skip::Corrupt("logical sector size"));
+    }
+    let head = read_at(0, 2 * sector as usize).ok_or(Skip::NoTable)?;
+    let disk_sectors = disk_bytes / sector;
+    let header_at = sector as usize;
+    if head.get(header_at..header_at + 8) == Some(b"EFI PART") {
+        return gpt(read_at, &head, disk_sectors, number, sector);
     }
     if head.get(510..512) == Some(&[0x55, 0xaa]) {
-        return mbr(&head, disk_sectors, number);
+        return mbr(&head, disk_sectors, number, sector);
     }
     Err(Skip::NoTable)
 }
 
+/// A GPT header that passed its checks, with its entry array.
+struct Header {
+    bytes: Vec<u8>,
+    size: usize,
+    entries_lba: u64,
+    entry_size: usize,
+    entries: Vec<u8>,
+}
+
+/// The header at byte `at` (one sector of `sector` bytes) and its entry array, if both pass
+/// their CRCs and sizes; else what failed.
+fn header_at(read_at: ReadAt, at: u64, sector: u64) -> Result<Header, &'static str> {
+    let bytes = read_at(at, sector as usize).ok_or("header unreadable")?;
+    if bytes.get(..8) != Some(b"EFI PART") {
+        return Err("no header");
+    }
+    let size = le32(&bytes, 12).ok_or("header")? as usize;
+    if !(92..=sector as usize).contains(&size) {
+        return Err("header size");
+    }
+    let mut check = bytes.get(..size).ok_or("header")?.to_vec();
+    put32(&mut check, 16, 0);
+    if le32(&bytes, 16) != Some(crc32(&check)) {
+        return Err("header CRC");
+    }
+    let entries_lba = le64(&bytes, 72).ok_or("header")?;
+    let count = le32(&bytes, 80).ok_or("header")?;
+    let entry_size = le32(&bytes, 84).ok_or("header")?;
+    if !(128..=4096).contains(&entry_size) || !entry_size.is_power_of_two() {
+        return Err("entry size");
+    }
+    let len = u64::from(count) * u64::from(entry_size);
+    if len > super::block::GPT_ENTRIES_MAX || len == 0 {
+        return Err("entry array size");
+    }
+    let from = entries_lba.checked_mul(sector).ok_or("entry array LBA")?;
+    let entries = read_at(from, len as usize).ok_or("entry array unreadable")?;
+    if entries.len() as u64 != len || le32(&bytes, 88) != Some(crc32(&entries)) {
+        return Err("entry array CRC");
+    }
+    Ok(Header {
+        bytes,
+        size,
+        entries_lba,
+        entry_size: entry_size as usize,
+        entries,
+    })
+}
+
+/// The header's own CRC, recomputed after a change.
+fn seal(h: &mut [u8], size: usize) {
+    put32(h, 16, 0);
+    let crc = crc32(h.get(..size).unwrap_or_default());
+    put32(h, 16, crc);
+}
+
+/// The writes that put a GPT's primary table back from its backup, when the primary fails its
+/// checks (a cut between the primary's two writes) and the backup at the disk's last sector
+/// passes them; None when the primary is sound, or there is no sound backup to take it from.
+/// The array goes first and the header last, so a cut in between leaves what this restores
+/// again.
+pub fn restore(read_at: ReadAt, disk_bytes: u64, sector: u64) -> Option<Vec<(u64, Vec<u8>)>> {
+    let head = read_at(sector, sector as usize)?;
+    if head.get(..8) != Some(b"EFI PART") || header_at(read_at, sector, sector).is_ok() {
+        return None;
+    }
+    let last_lba = (disk_bytes / sector).checked_sub(1)?;
+    let backup = header_at(read_at, last_lba * sector, sector).ok()?;
+    if le64(&backup.bytes, 24) != Some(last_lba) || le64(&backup.bytes, 32) != Some(1) {
+        return None;
+    }
+    // the primary's array where its header said, when that header can still be read; the
+    // layout every tool makes (LBA 2) otherwise
+    let entries_lba = le64(&head, 72).filter(|&l| l >= 2).unwrap_or(2);
+    let first_usable = le64(&backup.bytes, 40)?;
+    let entry_sectors = (backup.entries.len() as u64).div_ceil(sector);
+    if entries_lba + entry_sectors > first_usable {
+        return None;
+    }
+    let mut primary = backup.bytes.clone();
+    put64(&mut primary, 24, 1);
+    put64(&mut primary, 32, last_lba);
+    put64(&mut primary, 72, entries_lba);
+    seal(&mut primary, backup.size);
+    Some(vec![
+        (entries_lba * sector, backup.entries),
+        (sector, primary),
+    ])
+}
+
 fn gpt(
-    read_at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
+    read_at: ReadAt,
     head: &[u8],
     disk_sectors: u64,
     number: u32,
+    sector: u64,
 ) -> Result<Plan, Skip> {
     let corrupt = Skip::Corrupt;
-    let mut hdr = head.get(512..1024).ok_or(corrupt("short header"))?.to_vec();
-    let hdr_size = le32(&hdr, 12).ok_or(corrupt("header"))? as usize;
-    if !(92..=512).contains(&hdr_size) {
-        return Err(corrupt("header size"));
-    }
-    let mut check = hdr.get(..hdr_size).ok_or(corrupt("header"))?.to_vec();
-    put32(&mut check, 16, 0);
-    if le32(&hdr, 16) != Some(crc32(&check)) {
-        return Err(corrupt("primary header CRC"));
-    }
-    let entries_lba = le64(&hdr, 72).ok_or(corrupt("header"))?;
-    let count = le32(&hdr, 80).ok_or(corrupt("header"))?;
-    let size = le32(&hdr, 84).ok_or(corrupt("header"))?;
-    if !(128..=4096).contains(&size) || !size.is_power_of_two() {
-        return Err(corrupt("entry size"));
-    }
-    let bytes = u64::from(count) * u64::from(size);
-    if bytes > super::block::GPT_ENTRIES_MAX || bytes == 0 {
-        return Err(corrupt("entry array size"));
-    }
-    let at = entries_lba
-        .checked_mul(SECTOR)
-        .ok_or(corrupt("entry array LBA"))?;
-    let mut entries = read_at(at, bytes as usize).ok_or(corrupt("entry array unreadable"))?;
-    if entries.len() as u64 != bytes || le32(&hdr, 88) != Some(crc32(&entries)) {
-        return Err(corrupt("entry array CRC"));
-    }
-    let size = size as usize;
+    let Header {
+        bytes: mut hdr,
+        size: hdr_size,
+        entries_lba,
+        entry_size: size,
+        mut entries,
+    } = header_at(read_at, sector, sector).map_err(corrupt)?;
     let idx = (number as usize)
         .checked_sub(1)
         .ok_or(Skip::NoPartition(number))?;
@@ -153,7 +236,7 @@ fn gpt(
             return Err(Skip::NotLast(i as u32 + 1));
         }
     }
-    let entry_sectors = bytes.div_ceil(SECTOR);
+    let entry_sectors = (entries.len() as u64).div_ceil(sector);
     // the layout every GPT has: the array after the header, the partition after the array
     if entries_lba < 2 || first < entries_lba + entry_sectors || last < first {
         return Err(corrupt("layout"));
@@ -170,7 +253,7 @@ fn gpt(
     if backup_entries <= entries_lba + entry_sectors {
         return Err(corrupt("disk too small"));
     }
-    let gain = (last_usable - last) * SECTOR;
+    let gain = (last_usable - last) * sector;
     if gain < MIN_GAIN {
         return Err(Skip::Little(gain));
     }
@@ -179,58 +262,83 @@ fn gpt(
     put64(&mut hdr, 32, last_lba);
     put64(&mut hdr, 48, last_usable);
     put32(&mut hdr, 88, crc32(&entries));
-    let seal = |h: &mut Vec<u8>| {
-        put32(h, 16, 0);
-        let crc = crc32(h.get(..hdr_size).unwrap_or_default());
-        put32(h, 16, crc);
-    };
-    seal(&mut hdr);
+    seal(&mut hdr, hdr_size);
     let mut backup = hdr.clone();
     put64(&mut backup, 24, last_lba);
     put64(&mut backup, 32, 1);
     put64(&mut backup, 72, backup_entries);
-    seal(&mut backup);
-    // the protective MBR's partition covers the whole disk (as far as 32 bits reach)
-    let mut mbr = head.get(..512).ok_or(corrupt("MBR"))?.to_vec();
-    for i in 0..4 {
-        if mbr.get(446 + i * 16 + 4) == Some(&0xee) {
-            put32(
-                &mut mbr,
-                446 + i * 16 + 12,
-                (disk_sectors - 1).min(u64::from(u32::MAX)) as u32,
-            );
-        }
+    seal(&mut backup, hdr_size);
+    let (mbr, note) = protective_mbr(head, disk_sectors, sector)?;
+    // the one sector of the primary array that holds the entry
+    let changed = entry_at / sector as usize * sector as usize;
+    let mut entry_sector = entries
+        .get(changed..)
+        .unwrap_or_default()
+        .iter()
+        .take(sector as usize)
+        .copied()
+        .collect::<Vec<u8>>();
+    entry_sector.resize(sector as usize, 0);
+    let mut writes = Vec::new();
+    if let Some(mbr) = mbr {
+        writes.push((0, mbr));
     }
-    let pad = |mut v: Vec<u8>| {
-        v.resize(SECTOR as usize, 0);
-        v
-    };
-    // the primary header and its array in one write when the array follows the header (as
-    // every tool lays it out); otherwise the array, then the header (a header naming an array
-    // not yet written would fail its CRC), and a cut between the two leaves the primary unsound
-    let primary = if entries_lba == 2 {
-        vec![(SECTOR, [pad(hdr), entries.clone()].concat())]
-    } else {
-        vec![(entries_lba * SECTOR, entries.clone()), (SECTOR, pad(hdr))]
-    };
+    writes.extend([
+        (backup_entries * sector, entries),
+        (last_lba * sector, backup),
+        (entries_lba * sector + changed as u64, entry_sector),
+        (sector, hdr),
+    ]);
     Ok(Plan {
         table: "GPT",
-        writes: [
-            vec![
-                (0, mbr),
-                (backup_entries * SECTOR, entries),
-                (last_lba * SECTOR, pad(backup)),
-            ],
-            primary,
-        ]
-        .concat(),
+        writes,
+        sector,
         start: first,
         sectors: last_usable - first + 1,
         gain,
+        note,
     })
 }
 
-fn mbr(head: &[u8], disk_sectors: u64, number: u32) -> Result<Plan, Skip> {
+/// Sector 0 of a GPT disk with its protective entry covering the whole disk (as far as 32
+/// bits reach), or None and a note for a hybrid MBR, whose real entries a whole-disk 0xEE
+/// entry would overlap.
+fn protective_mbr(
+    head: &[u8],
+    disk_sectors: u64,
+    sector: u64,
+) -> Result<(Option<Vec<u8>>, Option<&'static str>), Skip> {
+    let mut mbr = head
+        .get(..sector as usize)
+        .ok_or(Skip::Corrupt("MBR"))?
+        .to_vec();
+    let kind = |i: usize| mbr.get(446 + i * 16 + 4).copied().unwrap_or(0);
+    let kinds: Vec<u8> = (0..4).map(kind).collect();
+    if !kinds.contains(&0xee) {
+        return Ok((
+            None,
+            Some("no protective MBR entry: sector 0 left as it is"),
+        ));
+    }
+    if kinds.iter().any(|&k| k != 0 && k != 0xee) {
+        return Ok((None, Some("a hybrid MBR: left as it is, the GPT grown")));
+    }
+    for (i, _) in kinds.iter().enumerate().filter(|(_, &k)| k == 0xee) {
+        put32(
+            &mut mbr,
+            446 + i * 16 + 12,
+            (disk_sectors - 1).min(u64::from(u32::MAX)) as u32,
+        );
+    }
+    Ok((Some(mbr), None))
+}
+
+fn mbr(head: &[u8], disk_sectors: u64, number: u32, sector: u64) -> Result<Plan, Skip> {
+    // an 0xEE entry is a GPT's protective one: a GPT whose header is not where this disk's
+    // sector size puts it is not grown as if it were an MBR partition
+    if (0..4).any(|i| head.get(446 + i * 16 + 4) == Some(&0xee)) {
+        return Err(Skip::Corrupt("a protective MBR without its GPT header"));
+    }
     if !(1..=4).contains(&number) {
         return Err(Skip::Extended);
     }
@@ -258,18 +366,23 @@ fn mbr(head: &[u8], disk_sectors: u64, number: u32) -> Result<Plan, Skip> {
     if new <= sectors {
         return Err(Skip::Little(0));
     }
-    let gain = (new - sectors) * SECTOR;
+    let gain = (new - sectors) * sector;
     if gain < MIN_GAIN {
         return Err(Skip::Little(gain));
     }
-    let mut sector0 = head.get(..512).ok_or(Skip::Corrupt("MBR"))?.to_vec();
+    let mut sector0 = head
+        .get(..sector as usize)
+        .ok_or(Skip::Corrupt("MBR"))?
+        .to_vec();
     put32(&mut sector0, at + 12, new as u32);
     Ok(Plan {
         table: "MBR",
         writes: vec![(0, sector0)],
+        sector,
         start,
         sectors: new,
         gain,
+        note: None,
     })
 }
 
@@ -309,7 +422,30 @@ mod tests {
     }
 
     fn apply(p: &std::path::Path, grow_to_mib: u64, number: u32) -> Result<Plan, Skip> {
-        apply_first(p, grow_to_mib, number, usize::MAX)
+        apply_first(p, grow_to_mib, number, usize::MAX, 512)
+    }
+
+    /// Reads `p` as a disk.
+    fn reader(f: &std::fs::File) -> impl FnMut(u64, usize) -> Option<Vec<u8>> + '_ {
+        move |at, len| {
+            use std::os::unix::fs::FileExt;
+            let mut b = vec![0; len];
+            f.read_exact_at(&mut b, at).ok()?;
+            Some(b)
+        }
+    }
+
+    /// Writes `writes` to `p`, the last one torn after `torn` bytes when given.
+    fn write_to(f: &std::fs::File, writes: &[(u64, Vec<u8>)], torn: Option<usize>) {
+        use std::os::unix::fs::FileExt;
+        let n = writes.len();
+        for (i, (at, bytes)) in writes.iter().enumerate() {
+            let len = match torn {
+                Some(t) if i + 1 == n => t.min(bytes.len()),
+                _ => bytes.len(),
+            };
+            f.write_all_at(&bytes[..len], *at).unwrap();
+        }
     }
 
     /// The disk at `p` grown to `grow_to_mib`, and the first `writes` of the plan for
@@ -319,27 +455,17 @@ mod tests {
         grow_to_mib: u64,
         number: u32,
         writes: usize,
+        sector: u64,
     ) -> Result<Plan, Skip> {
-        use std::io::{Read, Seek, SeekFrom, Write};
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(p)
             .unwrap();
         f.set_len(grow_to_mib << 20).unwrap();
-        let mut read = |at: u64, len: usize| {
-            let mut f = &f;
-            f.seek(SeekFrom::Start(at)).ok()?;
-            let mut b = vec![0; len];
-            f.read_exact(&mut b).ok()?;
-            Some(b)
-        };
-        let plan = plan(&mut read, grow_to_mib << 20, number)?;
-        for (at, bytes) in plan.writes.iter().take(writes) {
-            let mut f = &f;
-            f.seek(SeekFrom::Start(*at)).unwrap();
-            f.write_all(bytes).unwrap();
-        }
+        let plan = plan(&mut reader(&f), grow_to_mib << 20, number, sector)?;
+        let n = writes.min(plan.writes.len());
+        write_to(&f, &plan.writes[..n], None);
         Ok(plan)
     }
 
@@ -400,34 +526,205 @@ mod tests {
     }
 
     #[test]
-    fn a_power_cut_between_the_writes_leaves_a_sound_primary_table() {
-        // every prefix of the writes: the primary table alone (all the kernel reads without
-        // `gpt` on its command line) is sound, the old one or the new one, and sfdisk agrees
-        let writes = apply(&sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32), 64, 2)
-            .unwrap()
-            .writes
-            .len();
-        assert_eq!(writes, 4, "MBR, backup array, backup header, primary");
-        for cut in 0..=writes {
-            let p = sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32);
-            apply_first(&p, 64, 2, cut).unwrap();
-            // the same disk planned again, as the next boot does: the old table grows again,
-            // the new one has nothing left to gain; never a corrupt primary
-            let again = apply_first(&p, 64, 2, 0);
-            match (cut < writes, &again) {
-                (true, Ok(_)) | (false, Err(Skip::Little(_))) => {}
-                _ => panic!("cut after {cut} writes: {again:?}"),
+    fn a_power_cut_or_a_torn_write_anywhere_leaves_a_table_the_next_boot_makes_whole() {
+        // every prefix of the writes, and every write torn in its middle: what the next boot
+        // finds once `restore` has run (as PID 1 runs it before it looks for the root) is a
+        // sound primary table (all the kernel reads without `gpt` on its command line), the old
+        // one or the new one, and sfdisk agrees
+        let plan = apply(&sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32), 64, 2).unwrap();
+        let n = plan.writes.len();
+        assert_eq!(
+            n, 5,
+            "MBR, backup array, backup header, entry sector, primary header"
+        );
+        // every write but the backup array is one sector
+        for (i, (_, bytes)) in plan.writes.iter().enumerate() {
+            assert!(
+                i == 1 || bytes.len() == 512,
+                "write {i}: {} bytes",
+                bytes.len()
+            );
+        }
+        let mut restored = 0;
+        for cut in 0..=n {
+            for torn in [None, Some(256)] {
+                if cut == 0 && torn.is_some() {
+                    continue;
+                }
+                let p = sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32);
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&p)
+                    .unwrap();
+                f.set_len(64 << 20).unwrap();
+                let plan = super::plan(&mut reader(&f), 64 << 20, 2, 512).unwrap();
+                write_to(&f, &plan.writes[..cut], torn);
+                // the next boot: the primary put back from the backup where it is not sound
+                if let Some(fix) = restore(&mut reader(&f), 64 << 20, 512) {
+                    restored += 1;
+                    write_to(&f, &fix, None);
+                }
+                assert_eq!(restore(&mut reader(&f), 64 << 20, 512), None, "sound now");
+                let again = super::plan(&mut reader(&f), 64 << 20, 2, 512);
+                let what = format!(
+                    "cut after {cut} writes, torn {torn:?}: {:?}",
+                    again.as_ref().map(|p| p.gain)
+                );
+                assert!(matches!(again, Ok(_) | Err(Skip::Little(_))), "{what}");
+                let o = std::process::Command::new("sfdisk")
+                    .args(["--dump", p.to_str().unwrap()])
+                    .output()
+                    .unwrap();
+                let dump = String::from_utf8_lossy(&o.stdout);
+                assert!(
+                    o.status.success() && dump.contains("label: gpt"),
+                    "{what}: {dump}"
+                );
+                let _ = std::fs::remove_file(&p);
             }
-            let o = std::process::Command::new("sfdisk")
-                .args(["--dump", p.to_str().unwrap()])
+        }
+        // between the entry sector and the header, and with the header torn
+        assert_eq!(restored, 2);
+    }
+
+    #[test]
+    fn a_hybrid_mbr_is_left_as_it_is_and_a_gpt_without_its_header_is_not_grown_as_mbr() {
+        let p = sfdisk_disk("hybrid", "label: gpt\n,8M\n,8M\n", 32);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        // sector 0 as gdisk's hybrid MBR makes it: 0xEE for the GPT, then partition 1 as 0x83
+        use std::os::unix::fs::FileExt;
+        let mut mbr = vec![0u8; 512];
+        f.read_exact_at(&mut mbr, 0).unwrap();
+        let entry = |mbr: &mut Vec<u8>, i: usize, kind: u8, start: u32, len: u32| {
+            let o = 446 + i * 16;
+            mbr[o + 4] = kind;
+            mbr[o + 8..o + 12].copy_from_slice(&start.to_le_bytes());
+            mbr[o + 12..o + 16].copy_from_slice(&len.to_le_bytes());
+        };
+        entry(&mut mbr, 0, 0xee, 1, 2047);
+        entry(&mut mbr, 1, 0x83, 2048, 16384);
+        f.write_all_at(&mbr, 0).unwrap();
+        let plan = apply(&p, 64, 2).unwrap();
+        assert_eq!(
+            plan.note,
+            Some("a hybrid MBR: left as it is, the GPT grown")
+        );
+        assert!(
+            plan.writes.iter().all(|(at, _)| *at != 0),
+            "sector 0 not written"
+        );
+        let mut after = vec![0u8; 512];
+        f.read_exact_at(&mut after, 0).unwrap();
+        assert_eq!(after, mbr);
+        // the same disk read as if its sectors were 4096 bytes: no GPT header at 4096, and the
+        // protective entry is not an MBR partition to grow
+        assert_eq!(
+            plan_of(&f, 96, 1, 4096),
+            Err(Skip::Corrupt("a protective MBR without its GPT header"))
+        );
+        let _ = std::fs::remove_file(&p);
+    }
+
+    fn plan_of(f: &std::fs::File, mib: u64, number: u32, sector: u64) -> Result<Plan, Skip> {
+        f.set_len(mib << 20).unwrap();
+        plan(&mut reader(f), mib << 20, number, sector)
+    }
+
+    /// A loop device with 4096-byte logical sectors over `p`; detached when dropped.
+    struct Loop(String);
+
+    impl Loop {
+        fn attach(p: &std::path::Path) -> Loop {
+            let o = std::process::Command::new("losetup")
+                .args(["--find", "--show", "--sector-size", "4096"])
+                .arg(p)
                 .output()
                 .unwrap();
-            let dump = String::from_utf8_lossy(&o.stdout);
             assert!(
-                o.status.success() && dump.contains("label: gpt"),
-                "cut after {cut} writes: {dump}"
+                o.status.success(),
+                "losetup: {}",
+                String::from_utf8_lossy(&o.stderr)
             );
-            let _ = std::fs::remove_file(&p);
+            Loop(String::from_utf8(o.stdout).unwrap().trim().to_string())
         }
+    }
+
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root for a loop device (runs as root and under CI=true)"
+    )]
+    fn a_4kn_disk_grows_in_its_own_sectors_and_sfdisk_agrees() {
+        let p = std::env::temp_dir().join(format!("azprov-grow-4kn-{}", std::process::id()));
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        {
+            let dev = Loop::attach(&p);
+            let mut c = std::process::Command::new("sfdisk")
+                .args(["--quiet", &dev.0])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"label: gpt\n,8M\n,8M\n")
+                .unwrap();
+            assert!(c.wait().unwrap().success());
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        // read as 512-byte sectors (the old code's view) it is no table to grow
+        assert_eq!(
+            plan_of(&f, 64, 2, 512),
+            Err(Skip::Corrupt("a protective MBR without its GPT header"))
+        );
+        let plan = plan_of(&f, 64, 2, 4096).unwrap();
+        assert_eq!((plan.table, plan.sector), ("GPT", 4096));
+        assert!(plan
+            .writes
+            .iter()
+            .all(|(at, b)| at % 4096 == 0 && b.len() % 4096 == 0));
+        // to the new last usable LBA: 64 MiB of 4096-byte sectors less the backup's 5 and one
+        assert_eq!(plan.start + plan.sectors - 1, (64 << 8) - 6);
+        write_to(&f, &plan.writes, None);
+        let dev = Loop::attach(&p);
+        let v = std::process::Command::new("sfdisk")
+            .args(["--verify", &dev.0])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&v.stdout);
+        assert!(
+            v.status.success() && out.contains("No errors detected"),
+            "{out}"
+        );
+        let dump = std::process::Command::new("sfdisk")
+            .args(["--dump", &dev.0])
+            .output()
+            .unwrap();
+        let dump = String::from_utf8_lossy(&dump.stdout).replace(' ', "");
+        assert!(dump.contains("sector-size:4096"), "{dump}");
+        assert!(dump.contains(&format!("size={},", plan.sectors)), "{dump}");
+        drop(dev);
+        let _ = std::fs::remove_file(&p);
     }
 }

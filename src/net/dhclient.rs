@@ -135,6 +135,7 @@ impl Prepared {
         };
         let mut client = Machine::new(params, u64::from_le_bytes(seed), Duration::ZERO);
         let mut buf = vec![0u8; 2048];
+        let mut said = PacketLines::default();
         loop {
             let now = t0.elapsed();
             match client.poll(now) {
@@ -161,14 +162,18 @@ impl Prepared {
                         Ok(Some(n)) => match decode(buf.get(..n).unwrap_or_default()) {
                             Decoded::NotDhcp => {}
                             Decoded::Malformed(e) => {
-                                log::warn!("dhcp: a reply on {} dropped: {e}", nic.name);
+                                if said.allow(Said::Malformed) {
+                                    log::warn!("dhcp: a reply on {} dropped: {e}", nic.name);
+                                }
                             }
                             Decoded::Reply(m) => {
                                 for (code, why) in &m.skipped {
-                                    log::warn!(
-                                        "dhcp: option {code} from {:?} skipped: {why}",
-                                        m.server_id
-                                    );
+                                    if said.allow(Said::Skipped) {
+                                        log::warn!(
+                                            "dhcp: option {code} from {:?} skipped: {why}",
+                                            m.server_id
+                                        );
+                                    }
                                 }
                                 if client.handle(t0.elapsed(), &m) {
                                     log::debug!(
@@ -176,7 +181,7 @@ impl Prepared {
                                         m.message_type,
                                         m.server_id
                                     );
-                                } else {
+                                } else if said.allow(Said::NotOurs) {
                                     log::info!(
                                         "dhcp: {:?} from {:?} (xid {:#010x}) dropped: not for \
                                          this exchange (another xid or MAC, no server id, or \
@@ -198,6 +203,7 @@ impl Prepared {
                     }
                 }
                 Action::Bound(lease) => {
+                    said.summary();
                     if client.naks > 0 {
                         log::info!("dhcp: bound after {} NAK(s)", client.naks);
                     }
@@ -206,7 +212,10 @@ impl Prepared {
                     std::thread::spawn(move || drop(sock));
                     return Ok((nic, up, lease));
                 }
-                Action::TimedOut => return Err(no_lease(&nic, started)),
+                Action::TimedOut => {
+                    said.summary();
+                    return Err(no_lease(&nic, started));
+                }
             }
         }
     }
@@ -254,4 +263,74 @@ pub fn bring_up(
     deadline: Deadline,
 ) -> Result<(Nic, Applied), DhcpError> {
     prepare(class_net, iface, deadline)?.bring_up(hostname, deadline)
+}
+
+/// The kinds of line a received packet can cause.
+#[derive(Debug, Clone, Copy)]
+enum Said {
+    Malformed = 0,
+    Skipped = 1,
+    NotOurs = 2,
+}
+
+/// Lines caused by packets, which anything on the link can send at line rate: the first
+/// [`PacketLines::EACH`] of each kind, then a count, said once when the exchange ends.
+#[derive(Debug, Default)]
+struct PacketLines {
+    said: [u64; 3],
+}
+
+impl PacketLines {
+    const EACH: u64 = 3;
+
+    /// Whether this line is said (counted either way).
+    fn allow(&mut self, kind: Said) -> bool {
+        let n = self.said.get_mut(kind as usize);
+        n.is_some_and(|n| {
+            *n += 1;
+            *n <= Self::EACH
+        })
+    }
+
+    /// How many were not said, by kind; None when every one was.
+    fn unsaid(&self) -> Option<String> {
+        let names = [
+            "malformed replies",
+            "skipped options",
+            "replies not for this exchange",
+        ];
+        let parts: Vec<String> = self
+            .said
+            .iter()
+            .zip(names)
+            .filter(|(n, _)| **n > Self::EACH)
+            .map(|(n, name)| format!("{} {name}", n - Self::EACH))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
+    fn summary(&self) {
+        if let Some(unsaid) = self.unsaid() {
+            log::warn!(
+                "dhcp: {unsaid} more, not logged one by one (the first {} of each were)",
+                Self::EACH
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod packet_lines_tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_is_said_three_times_and_then_counted() {
+        let mut p = PacketLines::default();
+        let said = (0..100_000).filter(|_| p.allow(Said::Malformed)).count();
+        assert_eq!(said, 3);
+        assert!(p.allow(Said::NotOurs));
+        assert_eq!(p.unsaid().as_deref(), Some("99997 malformed replies"));
+        let quiet = PacketLines::default();
+        assert_eq!(quiet.unsaid(), None);
+    }
 }

@@ -66,6 +66,15 @@ pub fn clean(root: &Sysroot, o: CleanOptions) -> Result<Cleaned, WriteError> {
     }
     remove(root, STATE_DIR, o.dry_run, &mut c)?;
     remove(root, LOG_FILE, o.dry_run, &mut c)?;
+    // this boot's RSA helper, still searching, would put a key into the cleaned image
+    if let Ok(ssh) = root.resolve_full(SSH_DIR) {
+        for pid in super::hostkeys::later::stop_helpers(&ssh, o.dry_run) {
+            c.notes.push(format!(
+                "{} the RSA host key helper (pid {pid}) that would have written a key after the clean",
+                if o.dry_run { "would stop" } else { "stopped" }
+            ));
+        }
+    }
     for name in names_in(root, SSH_DIR)? {
         let stem = name
             .strip_suffix(".pub")
@@ -152,7 +161,7 @@ fn clean_user(
 
 /// The names in a directory of the root; none when it does not exist.
 fn names_in(root: &Sysroot, dir: &str) -> Result<Vec<String>, WriteError> {
-    let p = root.resolve(dir)?;
+    let p = root.resolve_full(dir)?;
     Ok(if p.is_dir() {
         crate::sys::sorted_names(&p)
     } else {

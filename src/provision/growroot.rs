@@ -119,6 +119,151 @@ fn write_direct(f: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
     f.write_all_at(aligned, at)
 }
 
+/// A disk whose partition table growroot reads and writes.
+struct Table<'a> {
+    disk: &'a Path,
+    bytes: u64,
+    /// Its logical block size (512, or 4096 on a 4Kn disk).
+    sector: u64,
+}
+
+/// The disk's logical block size from sysfs (`queue/logical_block_size`, what BLKSSZGET
+/// gives), 512 when sysfs does not say.
+fn logical_block_size(sys: &Path, disk: &str) -> u64 {
+    let p = sys
+        .join("class/block")
+        .join(disk)
+        .join("queue/logical_block_size");
+    std::fs::read_to_string(p)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(512)
+}
+
+/// Writes `writes` to `disk` in their order, each direct and synced: the table's writes
+/// bypass the disk's page cache, so each goes out as exactly its own sectors, never as a
+/// 4 KiB page that carries neighbours from a cache the partition's filesystem does not share.
+fn write_in_order(disk: &Path, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+    let direct = File::options()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(disk)
+        .map_err(|e| format!("open {} for direct writes: {e}", disk.display()))?;
+    for (at, bytes) in writes {
+        write_direct(&direct, bytes, *at).map_err(|e| format!("write {}: {e}", disk.display()))?;
+        direct
+            .sync_data()
+            .map_err(|e| format!("sync {}: {e}", disk.display()))?;
+    }
+    Ok(())
+}
+
+/// Partition `number` of `table` (the root, `name`) grown to the disk's end: a GPT primary
+/// that a cut left unsound put back from its backup first, then the plan's writes and BLKPG.
+/// `writable` is called before the first write. The line to say, or None: nothing to gain.
+fn grow_partition(
+    table: &Table,
+    name: &str,
+    number: u32,
+    mut writable: impl FnMut(),
+) -> Result<Option<String>, String> {
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open(table.disk)
+        .map_err(|e| format!("open {}: {e}", table.disk.display()))?;
+    let mut read = |at: u64, len: usize| {
+        let mut b = vec![0u8; len];
+        f.read_exact_at(&mut b, at).ok().map(|_| b)
+    };
+    if let Some(fix) = grow::restore(&mut read, table.bytes, table.sector) {
+        writable();
+        write_in_order(table.disk, &fix)?;
+        log::warn!(
+            "growroot: {}'s primary GPT was not sound (a cut during an earlier grow); put back \
+             from its backup",
+            table.disk.display()
+        );
+    }
+    let plan = match grow::plan(&mut read, table.bytes, number, table.sector) {
+        Ok(plan) => plan,
+        Err(Skip::Little(_)) => return Ok(None),
+        Err(skip) => return Err(format!("{name}: {skip}; not grown")),
+    };
+    writable();
+    let t = Instant::now();
+    if let Some(note) = plan.note {
+        log::info!("growroot: {}: {note}", table.disk.display());
+    }
+    write_in_order(table.disk, &plan.writes)?;
+    crate::sys::mount::resize_partition(
+        &f,
+        number as i32,
+        plan.start * plan.sector,
+        plan.sectors * plan.sector,
+    )
+    .map_err(|e| format!("BLKPG resize of {name}: {e}"))?;
+    Ok(Some(format!(
+        "partition {name} +{} MiB ({}) in {} ms",
+        plan.gain >> 20,
+        plan.table,
+        t.elapsed().as_millis()
+    )))
+}
+
+/// The whole disks under `sys` (not yet in `checked`) whose primary GPT a cut during a grow
+/// left unsound beside a sound backup: the primary put back from the backup, and the kernel
+/// told to read the table again, so the root's partition can be found. PID 1 runs it while it
+/// waits for the root (the kernel reads only the primary, and without it finds no partition).
+/// The disks it put back.
+pub fn restore_tables(
+    sys: &Path,
+    dev: &Path,
+    checked: &mut std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let mut restored = Vec::new();
+    for disk in crate::sys::sorted_names(&sys.join("class/block")) {
+        let whole = !sys
+            .join("class/block")
+            .join(&disk)
+            .join("partition")
+            .exists();
+        let virtual_disk = ["loop", "ram", "sr", "dm-", "md"]
+            .iter()
+            .any(|p| disk.starts_with(p));
+        if !whole || virtual_disk || !checked.insert(disk.clone()) {
+            continue;
+        }
+        let Some(bytes) = sectors(sys, &disk).map(|s| s * 512) else {
+            continue;
+        };
+        let path = dev.join(&disk);
+        let Ok(f) = File::open(&path) else {
+            continue;
+        };
+        let mut read = |at: u64, len: usize| {
+            let mut b = vec![0u8; len];
+            f.read_exact_at(&mut b, at).ok().map(|_| b)
+        };
+        let Some(fix) = grow::restore(&mut read, bytes, logical_block_size(sys, &disk)) else {
+            continue;
+        };
+        match write_in_order(&path, &fix)
+            .and_then(|()| crate::sys::mount::reread_partitions(&f).map_err(|e| e.to_string()))
+        {
+            Ok(()) => {
+                log::warn!(
+                    "growroot: {disk}'s primary GPT was not sound (a cut during a grow); put back \
+                     from its backup"
+                );
+                restored.push(disk);
+            }
+            Err(e) => log::warn!("growroot: {disk}'s primary GPT could not be put back: {e}"),
+        }
+    }
+    restored
+}
+
 /// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
 /// called once, and its guard held, only when something is to grow. Ok: what was done, one line.
 /// Err: why nothing was (a skip is not a failure of the run).
@@ -138,53 +283,16 @@ pub fn run<G>(
     let mut done = Vec::new();
     let mut guard = None;
     if let Some((disk, number)) = &d.partition {
-        let disk_bytes = sectors(sys, disk).ok_or(format!("no size for {disk}"))? * 512;
         let disk_path = dev.join(disk);
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .open(&disk_path)
-            .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
-        let mut read = |at: u64, len: usize| {
-            let mut b = vec![0u8; len];
-            f.read_exact_at(&mut b, at).ok().map(|_| b)
+        let table = Table {
+            disk: &disk_path,
+            bytes: sectors(sys, disk).ok_or(format!("no size for {disk}"))? * 512,
+            sector: logical_block_size(sys, disk),
         };
-        match grow::plan(&mut read, disk_bytes, *number) {
-            Ok(plan) => {
-                guard.get_or_insert_with(&writable);
-                let t = Instant::now();
-                // the table's writes bypass the disk's page cache: each goes out as exactly its
-                // own sectors, in the plan's order, never as a 4 KiB page that carries
-                // neighbours from a cache the partition's filesystem does not share
-                let direct = File::options()
-                    .write(true)
-                    .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-                    .open(&disk_path)
-                    .map_err(|e| format!("open {} for direct writes: {e}", disk_path.display()))?;
-                for (at, bytes) in &plan.writes {
-                    write_direct(&direct, bytes, *at)
-                        .map_err(|e| format!("write {}: {e}", disk_path.display()))?;
-                    direct
-                        .sync_data()
-                        .map_err(|e| format!("sync {}: {e}", disk_path.display()))?;
-                }
-                crate::sys::mount::resize_partition(
-                    &f,
-                    *number as i32,
-                    plan.start * 512,
-                    plan.sectors * 512,
-                )
-                .map_err(|e| format!("BLKPG resize of {}: {e}", d.name))?;
-                done.push(format!(
-                    "partition {} +{} MiB ({}) in {} ms",
-                    d.name,
-                    plan.gain >> 20,
-                    plan.table,
-                    t.elapsed().as_millis()
-                ));
-            }
-            Err(Skip::Little(_)) => {}
-            Err(skip) => return Err(format!("{}: {skip}; not grown", d.name)),
+        if let Some(line) = grow_partition(&table, &d.name, *number, || {
+            guard.get_or_insert_with(&writable);
+        })? {
+            done.push(line);
         }
     }
     // the filesystem, to what its device holds now (also after a boot cut short between the

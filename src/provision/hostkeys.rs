@@ -422,7 +422,7 @@ pub fn install(
     mut generated: Generated,
     hostname: &str,
 ) -> Result<Vec<String>, HostKeyError> {
-    let dir = root.resolve(SSH_DIR).map_err(HostKeyError::Write)?;
+    let dir = root.resolve_full(SSH_DIR).map_err(HostKeyError::Write)?;
     if !dir.is_dir() {
         log::info!("host keys: no {SSH_DIR} in the root; none written");
         return Ok(Vec::new());
@@ -469,6 +469,36 @@ pub fn install(
 /// One line as `ssh-keygen -l -f KEY.pub` prints it: `256 SHA256:… root@vm (ED25519)`.
 pub(crate) fn fingerprint_line(kind: KeyType, key: &PrivateKey, comment: &str) -> String {
     let (bits, label) = kind.bits_label();
+    format!(
+        "{bits} {} {comment} ({label})",
+        key.fingerprint(HashAlg::Sha256)
+    )
+}
+
+/// The same line for a key azprov did not make (its size, comment and type from the key).
+pub(crate) fn public_fingerprint_line(key: &ssh_key::PublicKey) -> String {
+    use ssh_key::public::KeyData;
+    let (bits, label) = match key.key_data() {
+        KeyData::Rsa(rsa) => {
+            let n = rsa.n.as_positive_bytes().unwrap_or_default();
+            let lead = n.first().map_or(8, |b| b.leading_zeros() as usize);
+            ((n.len() * 8).saturating_sub(lead), "RSA")
+        }
+        KeyData::Ecdsa(e) => {
+            let bits = match e.curve() {
+                ssh_key::EcdsaCurve::NistP256 => 256,
+                ssh_key::EcdsaCurve::NistP384 => 384,
+                ssh_key::EcdsaCurve::NistP521 => 521,
+            };
+            (bits, "ECDSA")
+        }
+        KeyData::Ed25519(_) => (256, "ED25519"),
+        _ => (0, "?"),
+    };
+    let comment = match key.comment() {
+        "" => "no comment",
+        c => c,
+    };
     format!(
         "{bits} {} {comment} ({label})",
         key.fingerprint(HashAlg::Sha256)

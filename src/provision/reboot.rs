@@ -43,9 +43,11 @@ pub(super) fn finish_provisioned(
         s.hostname = state.hostname.clone();
         s.host_keys = state.host_keys.clone();
         s.host_keys_pending = vec![hostkeys::KeyType::Rsa.name()];
-        finish_host_keys_later(root, s, true);
     }
     if !resend && !keys {
+        if rsa_owed {
+            finish_host_keys_later(root, s, true);
+        }
         return;
     }
     let before = state.clone();
@@ -76,7 +78,9 @@ pub(super) fn finish_provisioned(
             log::warn!("cannot write the state: {e}");
         }
     }
-    if keys {
+    // after this run's own save: the helper adds to state.json too, through the same
+    // temporary name
+    if keys || rsa_owed {
         finish_host_keys_later(root, s, true);
     }
 }

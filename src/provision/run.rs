@@ -307,7 +307,10 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         Err(f) => Err(f),
         Ok(data) => {
             s.describe(&data);
-            let vm_id = s.vm_id.clone().unwrap_or_else(|| "unknown".into());
+            let vm_id = s
+                .vm_id
+                .clone()
+                .unwrap_or_else(|| super::state::UNKNOWN_VM.into());
             // what the state says once the marker is on disk, until the report's outcome
             // replaces it
             let owed = State {

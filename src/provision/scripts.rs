@@ -1,6 +1,6 @@
 //! Custom data and user data that are scripts, run once per VM in the booted system
 //! (`azprov run-scripts`, from the unit `azprov-scripts.service` the package ships: after the
-//! network is online, before multi-user.target). What cloud-init and waagent do for `#!`
+//! network is online and after multi-user.target, as cloud-init's final stage). What cloud-init and waagent do for `#!`
 //! custom data, and nothing more: only data starting with `#!` runs; `#cloud-config` and other
 //! formats are said to be left alone, in one line. A script runs as root, its output in the
 //! journal under the unit's identifier `azprov`, its exit status recorded in
@@ -25,9 +25,50 @@ const SOURCES: [&str; 2] = ["customdata", "userdata"];
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ran {
     pub started_at: String,
-    /// None: started, never seen to finish (the VM went down while it ran).
+    /// None: started, never seen to finish (the VM went down while it ran). A script killed by
+    /// a signal has 128 + its number, as a shell says, and the signal's name in `signal`.
     pub exit: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
     pub finished_at: Option<String>,
+}
+
+/// How a script ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Exit(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+impl Ended {
+    /// The exit status as a shell gives it: 128 + the signal for a killed script.
+    pub fn code(self) -> i32 {
+        match self {
+            Ended::Exit(c) => c,
+            Ended::Signal(s) => 128 + s,
+        }
+    }
+
+    /// The signal's name (SIGTERM), when a signal ended it.
+    pub fn signal(self) -> Option<String> {
+        match self {
+            Ended::Exit(_) => None,
+            Ended::Signal(s) => Some(
+                nix::sys::signal::Signal::try_from(s)
+                    .map_or_else(|_| format!("signal {s}"), |sig| sig.as_str().to_string()),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.signal() {
+            Some(name) => write!(f, "killed by {name} (exit {})", self.code()),
+            None => write!(f, "exit {}", self.code()),
+        }
+    }
 }
 
 /// What ran for which VM.
@@ -76,7 +117,7 @@ pub fn kind(data: &[u8]) -> Kind {
 /// returns its exit status. Returns what it did, one line each.
 pub fn run_once(
     root: &Sysroot,
-    run: &dyn Fn(&Path) -> Result<i32, String>,
+    run: &dyn Fn(&Path) -> Result<Ended, String>,
 ) -> Result<Vec<String>, String> {
     if root.exists(OFF) {
         return Ok(vec![format!("scripts are off ({OFF} exists)")]);
@@ -135,11 +176,12 @@ pub fn run_once(
         let ran = record.ran.entry(source.to_string()).or_default();
         ran.finished_at = Some(crate::time::now_rfc3339());
         match exit {
-            Ok(code) => {
-                ran.exit = Some(code);
-                said.push(format!("{source}: script ran, exit {code}"));
+            Ok(ended) => {
+                ran.exit = Some(ended.code());
+                ran.signal = ended.signal();
+                said.push(format!("{source}: script ran, {ended}"));
             }
-            Err(e) => said.push(format!("{source}: script could not run: {e}")),
+            Err(e) => said.push(format!("{source}: script did not run: {e}")),
         }
         record.save(root)?;
     }
@@ -149,24 +191,38 @@ pub fn run_once(
     Ok(said)
 }
 
-/// Executes the script at `path` as it is (its `#!` names the interpreter), its output this
-/// process's (the journal, under the unit). The file is 0600: it is given to the interpreter
-/// as its argument.
-pub fn execute(path: &Path) -> Result<i32, String> {
+/// Executes the script at `path` as the kernel would (its `#!` names the interpreter), its
+/// output this process's (the journal, under the unit). The file is 0600: it is given to the
+/// interpreter as its argument. A `#!` line with a carriage return (a script saved with CRLF
+/// line ends) is refused, as the kernel, cloud-init and waagent refuse it: `/bin/sh\r` names
+/// no interpreter. The error never quotes the data (custom data is a secret).
+pub fn execute(path: &Path) -> Result<Ended, String> {
+    use std::os::unix::process::ExitStatusExt;
     let data = std::fs::read(path).map_err(|e| e.to_string())?;
     let first = data.split(|&b| b == b'\n').next().unwrap_or_default();
+    if first.contains(&b'\r') {
+        return Err(
+            "its #! line ends in a carriage return (CRLF line ends: saved on \
+                    Windows?); convert it to LF line ends"
+                .into(),
+        );
+    }
     let line = String::from_utf8_lossy(first.get(2..).unwrap_or_default())
         .trim()
         .to_string();
     let mut words = line.split_whitespace();
-    let interpreter = words.next().ok_or("#! names no interpreter")?;
+    let interpreter = words.next().ok_or("its #! names no interpreter")?;
     let status = std::process::Command::new(interpreter)
         .args(words)
         .arg(path)
         .stdin(std::process::Stdio::null())
         .status()
-        .map_err(|e| format!("{interpreter}: {e}"))?;
-    Ok(status.code().unwrap_or(128 + 9))
+        .map_err(|e| format!("the interpreter its #! names did not start: {e}"))?;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ok(Ended::Exit(code)),
+        (None, Some(sig)) => Ok(Ended::Signal(sig)),
+        (None, None) => Err(format!("it ended as no exit status says: {status}")),
+    }
 }
 
 #[cfg(test)]
@@ -203,7 +259,7 @@ mod tests {
         let runs = RefCell::new(Vec::new());
         let run = |p: &Path| {
             runs.borrow_mut().push(p.to_path_buf());
-            Ok(3)
+            Ok(Ended::Exit(3))
         };
         let said = run_once(&root, &run).unwrap();
         assert_eq!(runs.borrow().len(), 1);
@@ -222,7 +278,8 @@ mod tests {
         let said = run_once(&root, &run).unwrap();
         assert_eq!(runs.borrow().len(), 1);
         assert!(said[0].contains("ran for this VM already"), "{said:?}");
-        // a new VM id (a captured image): it runs again
+        // a new VM id whose deployment brought the same script (the run wrote it again): it
+        // runs again
         std::fs::write(d.join("var/lib/azprov/provisioned"), "vm-2\n").unwrap();
         run_once(&root, &run).unwrap();
         assert_eq!(runs.borrow().len(), 2);
@@ -238,7 +295,7 @@ mod tests {
     #[test]
     fn nothing_runs_on_a_vm_azprov_did_not_provision() {
         let (d, root) = root_with(&[("customdata", "#!/bin/sh\necho hi\n")]);
-        let run = |_: &Path| -> Result<i32, String> { panic!("ran") };
+        let run = |_: &Path| -> Result<Ended, String> { panic!("ran") };
         let said = run_once(&root, &run).unwrap();
         assert!(said[0].contains("not provisioned by azprov"));
         let _ = std::fs::remove_dir_all(&d);
@@ -262,11 +319,67 @@ mod tests {
             "#!/bin/sh -e\necho \"$0\" > \"$(dirname \"$0\")/out\"\nexit 7\n",
         )
         .unwrap();
-        assert_eq!(execute(&s).unwrap(), 7);
+        assert_eq!(execute(&s).unwrap(), Ended::Exit(7));
         assert_eq!(
             std::fs::read_to_string(d.join("out")).unwrap().trim(),
             s.to_str().unwrap()
         );
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn script(name: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let d = std::env::temp_dir().join(format!("azprov-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let s = d.join("customdata");
+        std::fs::write(&s, text).unwrap();
+        (d, s)
+    }
+
+    #[test]
+    fn a_crlf_script_is_refused_as_the_kernel_refuses_it_and_its_text_is_not_quoted() {
+        let (d, s) = script("crlf", "#!/bin/sh\r\ntouch \"$(dirname \"$0\")/made\"\r\n");
+        let e = execute(&s).unwrap_err();
+        assert!(e.contains("carriage return"), "{e}");
+        assert!(!e.contains("/bin/sh") && !e.contains("touch"), "{e}");
+        assert!(!d.join("made").exists(), "it ran");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_interpreter_that_is_not_there_is_said_without_quoting_it() {
+        let (d, s) = script("noint", "#!/nonexistent/SECRET-WORD -x\necho hi\n");
+        let e = execute(&s).unwrap_err();
+        assert!(
+            e.starts_with("the interpreter its #! names did not start"),
+            "{e}"
+        );
+        assert!(!e.contains("SECRET-WORD"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    #[cfg_attr(
+        azprov_unprivileged,
+        ignore = "needs root: the record is written root-owned (runs as root and under CI=true)"
+    )]
+    fn a_script_killed_by_a_signal_is_recorded_as_128_plus_it_with_its_name() {
+        let (_, s) = script("sigterm", "#!/bin/sh\nkill -TERM $$\n");
+        let ended = execute(&s).unwrap();
+        assert_eq!(ended, Ended::Signal(15));
+        assert_eq!(ended.to_string(), "killed by SIGTERM (exit 143)");
+        let (d, root) = root_with(&[
+            ("provisioned", "vm-1\n"),
+            ("customdata", "#!/bin/sh\nkill -TERM $$\n"),
+        ]);
+        let said = run_once(&root, &execute).unwrap();
+        assert_eq!(
+            said,
+            ["customdata: script ran, killed by SIGTERM (exit 143)"]
+        );
+        let rec = Record::load(&root).unwrap();
+        assert_eq!(rec.ran["customdata"].exit, Some(143));
+        assert_eq!(rec.ran["customdata"].signal.as_deref(), Some("SIGTERM"));
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(s.parent().unwrap());
     }
 }

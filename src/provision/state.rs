@@ -35,6 +35,10 @@ pub enum Acked {
     Pending,
 }
 
+/// What the marker holds when no VM id was known (it must hold something); read back, it is
+/// no VM id (`null` in JSON), as in the run's own summary.
+pub const UNKNOWN_VM: &str = "unknown";
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct State {

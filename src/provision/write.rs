@@ -2,7 +2,7 @@
 
 use super::data::ProvisioningData;
 use super::state::{Acked, State};
-use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG};
+use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG, STATE_DIR};
 use super::{Failure, Reason};
 use crate::secret::Secret;
 
@@ -61,7 +61,7 @@ pub fn write_all(
         )
     })?;
     let owed = State {
-        vm_id: Some(vm_id.to_string()),
+        vm_id: (vm_id != super::state::UNKNOWN_VM).then(|| vm_id.to_string()),
         provisioned_at: Some(crate::time::now_rfc3339()),
         report: Some(Acked::Pending),
         user_created: owed.user_created || account.created,
@@ -219,17 +219,18 @@ fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
         ),
         None => log::info!("sshd: no /etc/ssh/sshd_config in the root; nothing written"),
     }
-    if let Some(c) = &data.custom_data {
-        root.write_state("customdata", c.expose())
-            .map_err(fail(root, Reason::WriteCustomData))?;
-    }
-    if let Some(u) = &data.user_data {
-        root.write_state("userdata", u.expose())
-            .map_err(fail(root, Reason::WriteUserData))?;
-    }
-    if let Some(j) = &data.imds_json {
-        root.write_state("imds.json", j.expose())
-            .map_err(fail(root, Reason::WriteImds))?;
+    // what this VM's data does not replace goes: an earlier VM's script must never run here
+    let state = [
+        ("customdata", &data.custom_data, Reason::WriteCustomData),
+        ("userdata", &data.user_data, Reason::WriteUserData),
+        ("imds.json", &data.imds_json, Reason::WriteImds),
+    ];
+    for (name, value, reason) in state {
+        match value {
+            Some(v) => root.write_state(name, v.expose()),
+            None => root.remove_file(&format!("{STATE_DIR}/{name}")),
+        }
+        .map_err(fail(root, reason))?;
     }
     Ok(())
 }

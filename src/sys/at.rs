@@ -33,6 +33,43 @@ pub fn rename(dir: &File, from: &str, to: &str) -> Result<(), Errno> {
     renameat(dir, from, dir, to)
 }
 
+/// `from` in `dir` becomes `to` unless `to` exists: Ok(false) then, `from` left as it was.
+/// renameat2(RENAME_NOREPLACE), or on a filesystem without it, linkat and unlinkat (a link
+/// fails on an existing name as well).
+pub fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<bool, Errno> {
+    use std::os::fd::AsRawFd;
+    let (from_c, to_c) = (
+        std::ffi::CString::new(from).map_err(|_| Errno::EINVAL)?,
+        std::ffi::CString::new(to).map_err(|_| Errno::EINVAL)?,
+    );
+    let fd = dir.as_raw_fd();
+    // nix wraps renameat2 for glibc only (musl's libc has no wrapper): the system call itself
+    // SAFETY: both names are NUL-terminated strings that live across the call, and `fd` is an
+    // open directory descriptor; renameat2 reads the names and changes nothing in memory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            fd,
+            from_c.as_ptr(),
+            fd,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    let done = match Errno::result(rc).map(drop) {
+        Err(Errno::EINVAL | Errno::ENOSYS) => {
+            nix::unistd::linkat(dir, from, dir, to, nix::fcntl::AtFlags::empty())
+                .and_then(|()| remove(dir, from))
+        }
+        other => other,
+    };
+    match done {
+        Ok(()) => Ok(true),
+        Err(Errno::EEXIST) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// unlinkat(2) of a file in `dir`.
 pub fn remove(dir: &File, name: &str) -> Result<(), Errno> {
     nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)

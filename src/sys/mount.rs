@@ -127,6 +127,15 @@ const CDSL_CURRENT: libc::c_int = i32::MAX;
 
 mod ioctl {
     nix::ioctl_write_int_bad!(cdrom_drive_status, super::CDROM_DRIVE_STATUS);
+    // linux/fs.h: #define BLKRRPART _IO(0x12,95)
+    nix::ioctl_none!(blkrrpart, 0x12, 95);
+}
+
+/// BLKRRPART on `disk`: the kernel reads its partition table again (refused with EBUSY while
+/// a partition of it is in use).
+pub fn reread_partitions(disk: &std::fs::File) -> Result<(), Errno> {
+    // SAFETY: BLKRRPART takes no argument; the descriptor is open for the call.
+    unsafe { ioctl::blkrrpart(disk.as_raw_fd()) }.map(drop)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

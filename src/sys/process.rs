@@ -90,21 +90,44 @@ pub fn spawn_detached(
         held.push((unsafe { OwnedFd::from_raw_fd(high) }, *n));
     }
     let pairs: Vec<(i32, i32)> = held.iter().map(|(f, n)| (f.as_raw_fd(), *n)).collect();
+    let top = pairs.iter().map(|&(_, to)| to).max().unwrap_or(2);
     let mut cmd = std::process::Command::new(program);
     cmd.arg0(argv0)
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(stderr);
-    // SAFETY: the closure runs in the child between fork and exec and calls only setsid and
-    // dup2, which are async-signal-safe, on descriptors the parent holds open; it allocates
-    // nothing. dup2 leaves the new descriptor without FD_CLOEXEC, so it survives the exec.
+    // SAFETY: the closure runs in the child between fork and exec and calls only setsid,
+    // dup2, fcntl, close_range and getrlimit, which are async-signal-safe system calls, on
+    // descriptors of its own; it allocates nothing. dup2 leaves the new descriptor without
+    // FD_CLOEXEC, so it survives the exec; every other descriptor the caller left open (a
+    // framework shell's pipes) is marked close-on-exec, so the helper holds none of them
+    // (closing them outright would close std's own pipe that reports a failed exec).
     unsafe {
         cmd.pre_exec(move || {
             libc::setsid();
             for &(from, to) in &pairs {
                 if libc::dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+            }
+            for fd in 3..=top {
+                if !pairs.iter().any(|&(_, to)| to == fd) {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            let first = (top + 1) as libc::c_uint;
+            let flags = libc::CLOSE_RANGE_CLOEXEC;
+            if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, flags) < 0 {
+                // before Linux 5.11: one by one, up to the descriptor limit
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                let last = limit.rlim_cur.clamp(1024, 65536) as i32;
+                for fd in top + 1..last {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
             }
             Ok(())
@@ -191,6 +214,47 @@ pub fn policy() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::policy;
+
+    #[test]
+    fn a_detached_process_holds_only_the_descriptors_it_is_handed() {
+        use std::os::fd::AsRawFd;
+        // what a framework shell leaves open: a pipe without close-on-exec, low and high
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let high = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_DUPFD(200)).unwrap();
+        let handed = std::fs::File::open("/").unwrap();
+        let pid = super::spawn_detached(
+            std::path::Path::new("/bin/sleep"),
+            "sleep",
+            &["30".into()],
+            std::fs::File::create("/dev/null").unwrap(),
+            &[(&handed, 3)],
+        )
+        .unwrap();
+        // once it has exec'd, its descriptors are the ones it keeps
+        let exec_done =
+            || std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep"));
+        let t = std::time::Instant::now();
+        while !exec_done() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut held: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        held.sort_unstable();
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        assert_eq!(
+            held,
+            [0, 1, 2, 3],
+            "the pipe at {} and {high} is not held",
+            write.as_raw_fd()
+        );
+        drop(read);
+        nix::unistd::close(high).unwrap();
+    }
 
     #[test]
     #[cfg_attr(

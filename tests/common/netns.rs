@@ -211,6 +211,18 @@ impl Net {
         );
     }
 
+    /// `cmd` run in the fabric's namespace until the Net is dropped.
+    pub fn spawn_in_fabric(&mut self, cmd: &[&str]) {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.fabric])
+            .args(cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
     /// A scripted server (tests/dhcp_server.py) in its own namespace on the bridge.
     pub fn script_server(&mut self, server_ip: &str, offer_ip: &str, flags: &[&str]) -> PathBuf {
         let ns = format!("{}s{}", self.fabric, self.extra.len());

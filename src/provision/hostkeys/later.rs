@@ -28,6 +28,7 @@ use ssh_key::LineEnding;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::fchown;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The hidden subcommand the helper runs as.
@@ -66,7 +67,7 @@ pub fn missing(root: &Sysroot) -> bool {
 /// state.json). Its pid.
 pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> std::io::Result<u32> {
     let open = |path: &str| {
-        root.resolve(path)
+        root.resolve_full(path)
             .map_err(|e| std::io::Error::other(e.to_string()))
             .and_then(File::open)
     };
@@ -79,7 +80,7 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
         use std::os::unix::fs::MetadataExt;
         let root_dev = std::fs::metadata(root.root()).ok().map(|m| m.dev());
         let dev = root
-            .resolve(path)
+            .resolve_full(path)
             .ok()
             .and_then(|p| std::fs::metadata(p).ok())
             .map(|m| m.dev());
@@ -146,6 +147,51 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     Ok(pid)
 }
 
+/// Stops this machine's helpers whose /etc/ssh handle is the directory `ssh` (a host path):
+/// `azprov clean` must not leave an image that gets a key after it. Their pids; `dry_run`
+/// only finds them.
+pub fn stop_helpers(ssh: &Path, dry_run: bool) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(want) = std::fs::metadata(ssh) else {
+        return Vec::new();
+    };
+    let mut stopped = Vec::new();
+    for name in crate::sys::sorted_names(Path::new("/proc")) {
+        let Ok(pid) = name.parse::<i32>() else {
+            continue;
+        };
+        let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(ARGV0.as_bytes()));
+        let same = std::fs::metadata(format!("/proc/{pid}/fd/{SSH_FD}"))
+            .is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino()));
+        if !(ours && same) {
+            continue;
+        }
+        if !dry_run {
+            use nix::sys::signal::{kill, Signal};
+            let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
+            let gone = || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                    s.rsplit(')').next().unwrap_or("").starts_with(" Z")
+                })
+            };
+            let until = Instant::now() + Duration::from_secs(2);
+            while !gone() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        stopped.push(pid);
+    }
+    stopped
+}
+
+/// Whether the root this helper writes into was cleaned since it started (`azprov clean`
+/// removed the state directory its handle names).
+fn cleaned(state: Option<&File>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    state.is_some_and(|d| d.metadata().is_ok_and(|m| m.nlink() == 0))
+}
+
 /// The helper's entry (`azprov __host-key-rsa`, started by [`spawn`]): the job from its
 /// arguments, the directories from its descriptors.
 pub fn main(job: &Job) -> Result<(), String> {
@@ -193,34 +239,65 @@ pub fn run(
     state: Option<&File>,
 ) -> Result<String, String> {
     let t = Instant::now();
-    let mut key = rsa_now().map_err(|e| e.to_string())?;
+    let key = rsa_now().map_err(|e| e.to_string())?;
+    publish(job, key, t.elapsed(), ssh, run, state)
+}
+
+/// [`run`] once the key (made in `took`) is there: it goes into `ssh` unless a key appeared
+/// there meanwhile, which then stays and is the one fingerprinted.
+fn publish(
+    job: &Job,
+    mut key: ssh_key::PrivateKey,
+    took: Duration,
+    ssh: &File,
+    run: Option<&File>,
+    state: Option<&File>,
+) -> Result<String, String> {
     key.set_comment(&job.comment);
-    let took = t.elapsed();
+    if cleaned(state) {
+        return Err(format!(
+            "the root was cleaned (azprov clean) while the rsa key was made: none written to {SSH_DIR}"
+        ));
+    }
     let private = key.to_openssh(LineEnding::LF).map_err(|e| e.to_string())?;
     let public = key.public_key().to_openssh().map_err(|e| e.to_string())?;
-    let line = fingerprint_line(KeyType::Rsa, &key, &job.comment);
+    let ours = fingerprint_line(KeyType::Rsa, &key, &job.comment);
     let deadline = Instant::now() + WRITABLE_WAIT;
-    write_at(
+    // the key only if none is there: the booted system's own generator (Fedora's
+    // sshd-keygen@rsa, SUSE's sshd-gen-keys-start, Arch's sshdgenkeys) may have made one
+    // while ours was searched for, and sshd may be offering it already
+    let published = write_at(
         ssh,
         KEY,
         private.as_bytes(),
-        0o600,
-        job.label_key.as_deref(),
+        (0o600, job.label_key.as_deref()),
+        Publish::IfAbsent,
         deadline,
     )?;
-    write_at(
-        ssh,
-        &format!("{KEY}.pub"),
-        format!("{public}\n").as_bytes(),
-        0o644,
-        job.label_pub.as_deref(),
-        deadline,
-    )?;
-    ssh.sync_all().map_err(|e| format!("fsync /etc/ssh: {e}"))?;
-    log::info!(
-        "host keys: rsa made in {} ms and written to {SSH_DIR}",
-        took.as_millis()
-    );
+    let line = if published {
+        write_at(
+            ssh,
+            &format!("{KEY}.pub"),
+            format!("{public}\n").as_bytes(),
+            (0o644, job.label_pub.as_deref()),
+            Publish::Replace,
+            deadline,
+        )?;
+        ssh.sync_all().map_err(|e| format!("fsync /etc/ssh: {e}"))?;
+        log::info!(
+            "host keys: rsa made in {} ms and written to {SSH_DIR}",
+            took.as_millis()
+        );
+        ours
+    } else {
+        let there = present_line(ssh)
+            .unwrap_or_else(|e| format!("? (the key there could not be read: {e})"));
+        log::info!(
+            "host keys: an rsa key appeared in {SSH_DIR} while ours was made (the system's \
+             own generator): it stays, ours is dropped; {there}"
+        );
+        there
+    };
     // the block first: the console is read as soon as the key is there
     let mut lines = job.lines.clone();
     lines.insert(0, line.clone());
@@ -230,7 +307,7 @@ pub fn run(
             log::warn!("host keys: state.json: {e}");
         }
     }
-    if let Some(run) = run {
+    if let (true, Some(run)) = (published, run) {
         reload_sshd(run);
     }
     Ok(line)
@@ -283,16 +360,25 @@ fn idle_and_total(stat: &str) -> Option<(u64, u64)> {
     Some((*ticks.get(3)?, ticks.iter().sum()))
 }
 
-/// `data` as `name` in `dir`, atomically (a temporary beside it, owner root, `mode`, the
-/// SELinux `label`, fsynced, renamed); a read-only filesystem is waited for until `deadline`.
+/// Whether a write may replace a file of that name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    Replace,
+    /// Only if there is none: a file there stays, and the write is dropped.
+    IfAbsent,
+}
+
+/// `data` as `name` in `dir`, atomically (a temporary beside it, owner root, the mode and
+/// SELinux label of `meta`, fsynced, renamed); a read-only filesystem is waited for until
+/// `deadline`. Ok(false): `publish` is `IfAbsent` and a file `name` was there.
 fn write_at(
     dir: &File,
     name: &str,
     data: &[u8],
-    mode: u32,
-    label: Option<&[u8]>,
+    (mode, label): (u32, Option<&[u8]>),
+    publish: Publish,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let tmp = format!(".{name}.azprov-tmp");
     let _ = crate::sys::at::remove(dir, &tmp);
     let mut f = loop {
@@ -312,12 +398,36 @@ fn write_at(
                 .map_err(|e| format!("label {tmp}: {e}"))?;
         }
         f.sync_all().map_err(|e| format!("fsync {tmp}: {e}"))?;
-        crate::sys::at::rename(dir, &tmp, name).map_err(|e| format!("rename {tmp}: {e}"))
+        match publish {
+            Publish::Replace => crate::sys::at::rename(dir, &tmp, name).map(|()| true),
+            Publish::IfAbsent => crate::sys::at::rename_noreplace(dir, &tmp, name),
+        }
+        .map_err(|e| format!("rename {tmp}: {e}"))
     })();
-    if result.is_err() {
+    if !matches!(result, Ok(true)) {
         let _ = crate::sys::at::remove(dir, &tmp);
     }
     result
+}
+
+/// The fingerprint line of the RSA key in `ssh` (as `ssh-keygen -l` prints it), from its
+/// private key, or its .pub when the private key is in a format ssh-key does not read.
+fn present_line(ssh: &File) -> Result<String, String> {
+    use nix::fcntl::OFlag;
+    let read = |name: &str| -> Result<String, String> {
+        let mut text = String::new();
+        crate::sys::at::open(ssh, name, OFlag::O_RDONLY, 0)
+            .map_err(|e| format!("open {name}: {e}"))?
+            .read_to_string(&mut text)
+            .map_err(|e| format!("read {name}: {e}"))?;
+        Ok(text)
+    };
+    let public = match ssh_key::PrivateKey::from_openssh(read(KEY)?.trim()) {
+        Ok(private) => private.public_key().clone(),
+        Err(_) => ssh_key::PublicKey::from_openssh(read(&format!("{KEY}.pub"))?.trim())
+            .map_err(|e| format!("{KEY}.pub: {e}"))?,
+    };
+    Ok(super::public_fingerprint_line(&public))
 }
 
 /// state.json with `line` among its host keys (once).
@@ -338,7 +448,14 @@ fn add_to_state(
     }
     state.host_keys.insert(0, line.to_string());
     let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
-    write_at(dir, "state.json", &json, 0o600, label, deadline)?;
+    write_at(
+        dir,
+        "state.json",
+        &json,
+        (0o600, label),
+        Publish::Replace,
+        deadline,
+    )?;
     dir.sync_all().map_err(|e| format!("fsync: {e}"))
 }
 
@@ -500,6 +617,102 @@ mod tests {
                 .any(|n| n.to_string_lossy().contains("azprov-tmp")),
             "{names:?}"
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_key_the_system_made_meanwhile_stays_and_is_the_one_fingerprinted() {
+        let d = std::env::temp_dir().join(format!("azprov-later-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (ssh, state) = (d.join("etc/ssh"), d.join("var/lib/azprov"));
+        std::fs::create_dir_all(&ssh).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("state.json"), b"{}").unwrap();
+        // sshd-keygen@rsa made this one while the helper searched; sshd offers it already
+        let mut theirs = rsa_now().unwrap();
+        theirs.set_comment("root@image");
+        let theirs_text = theirs.to_openssh(LineEnding::LF).unwrap().to_string();
+        std::fs::write(ssh.join(KEY), &theirs_text).unwrap();
+        let their_line = fingerprint_line(KeyType::Rsa, &theirs, "root@image");
+        let job = Job {
+            comment: "root@vm".into(),
+            ..Job::default()
+        };
+        let (ssh_fd, state_fd) = (File::open(&ssh).unwrap(), File::open(&state).unwrap());
+        let ours = rsa_now().unwrap();
+        let line = publish(&job, ours, Duration::ZERO, &ssh_fd, None, Some(&state_fd)).unwrap();
+        assert_eq!(line, their_line, "the key that is there is the one said");
+        assert_eq!(
+            std::fs::read_to_string(ssh.join(KEY)).unwrap(),
+            theirs_text,
+            "the key sshd offers did not change"
+        );
+        assert_eq!(
+            crate::sys::sorted_names(&ssh),
+            [KEY],
+            "no .pub of ours beside their key, no temporary"
+        );
+        let after: State =
+            serde_json::from_slice(&std::fs::read(state.join("state.json")).unwrap()).unwrap();
+        assert_eq!(after.host_keys, [their_line]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn clean_stops_the_helper_of_its_root_and_a_helper_of_a_cleaned_root_writes_nothing() {
+        let d = std::env::temp_dir().join(format!("azprov-later-clean-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (ssh, other, state) = (d.join("etc/ssh"), d.join("other"), d.join("var/lib/azprov"));
+        for dir in [&ssh, &other, &state] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        // a helper-to-be: its name and its /etc/ssh handle, as spawn gives them
+        let handle = File::open(&ssh).unwrap();
+        let stderr = File::create(d.join("err")).unwrap();
+        let pid = crate::sys::process::spawn_detached(
+            Path::new("/bin/sleep"),
+            ARGV0,
+            &["30".into()],
+            stderr,
+            &[(&handle, SSH_FD)],
+        )
+        .unwrap() as i32;
+        // /proc shows the exec'd name once the child has exec'd
+        let named = || {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"@azprov"))
+        };
+        let t = Instant::now();
+        while !named() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            stop_helpers(&other, false),
+            Vec::<i32>::new(),
+            "another root's"
+        );
+        assert_eq!(stop_helpers(&ssh, true), [pid], "a dry run finds it");
+        assert_eq!(stop_helpers(&ssh, false), [pid]);
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+        assert_eq!(
+            status,
+            nix::sys::wait::WaitStatus::Signaled(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+                false
+            )
+        );
+
+        // the state directory removed under a helper's handle: no key
+        let state_fd = File::open(&state).unwrap();
+        std::fs::remove_dir_all(&state).unwrap();
+        let job = Job {
+            comment: "root@vm".into(),
+            ..Job::default()
+        };
+        let key = rsa_now().unwrap();
+        let e = publish(&job, key, Duration::ZERO, &handle, None, Some(&state_fd)).unwrap_err();
+        assert!(e.contains("cleaned"), "{e}");
+        assert!(crate::sys::sorted_names(&ssh).is_empty());
         let _ = std::fs::remove_dir_all(&d);
     }
 }

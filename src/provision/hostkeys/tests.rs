@@ -143,3 +143,35 @@ fn a_root_without_sshd_gets_no_keys() {
     assert!(install(&Sysroot::new(&d), g, "vm").unwrap().is_empty());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn an_etc_ssh_that_is_an_absolute_symlink_is_followed_inside_the_root() {
+    let d = std::env::temp_dir().join(format!("azprov-sshlink-{}", std::process::id()));
+    // /etc/ssh -> /srv/azprov-sshlink-PID/ssh: an absolute link, followed inside the root only
+    // (nothing of that name exists on this machine, as in the initramfs)
+    let target = format!("/srv/azprov-sshlink-{}/ssh", std::process::id());
+    assert!(!Path::new(&target).exists());
+    let real = d.join(&target[1..]);
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(d.join("etc")).unwrap();
+    std::os::unix::fs::symlink(&target, d.join("etc/ssh")).unwrap();
+    for f in ["ssh_host_dsa_key", "ssh_host_dsa_key.pub", "sshd_config"] {
+        std::fs::write(real.join(f), "image\n").unwrap();
+    }
+    let root = Sysroot::new(&d);
+    assert!(!none_in(&root), "the image has a key");
+    let g = generate(Path::new("/nonexistent"), &[KeyType::Ed25519]).unwrap();
+    let lines = install(&root, g, "vm-1").unwrap();
+    assert_eq!(lines.len(), 1, "keys written into the root's /etc/ssh");
+    assert_eq!(
+        crate::sys::sorted_names(&real),
+        [
+            "ssh_host_ed25519_key",
+            "ssh_host_ed25519_key.pub",
+            "sshd_config"
+        ],
+        "the new key beside sshd_config, the image's dsa key gone"
+    );
+    assert!(!Path::new(&target).exists(), "nothing outside the root");
+    std::fs::remove_dir_all(&d).unwrap();
+}

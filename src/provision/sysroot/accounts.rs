@@ -284,12 +284,14 @@ impl Sysroot {
         }
         // group and gshadow first (on disk before passwd in a batch too), so a passwd entry
         // never names a missing group; in a batch they go into place together or, when one
-        // cannot be written, none of them does (a group without its gshadow line)
+        // cannot be written, none of them does (a group without its gshadow line). Each
+        // secondary file is renamed before its primary (gshadow before group, shadow before
+        // passwd): a cut between two renames leaves no entry without its secondary line.
         let together = || -> Result<(), WriteError> {
-            self.rewrite("/etc/group", &group.bytes(), 0o644)?;
             if gshadow_present {
                 self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
             }
+            self.rewrite("/etc/group", &group.bytes(), 0o644)?;
             self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
             if account.created {
                 for (file, kind) in [("/etc/subuid", "UID"), ("/etc/subgid", "GID")] {

@@ -55,12 +55,20 @@ impl Sysroot {
         self.syncfs()?;
         let mut renamed = waiting.into_iter();
         for (tmp, target) in renamed.by_ref() {
-            if let Err(e) = fs::rename(&tmp, &target) {
-                let _ = fs::remove_file(&tmp);
-                for (tmp, _) in renamed {
+            let done = match &tmp {
+                Some(tmp) => fs::rename(tmp, &target).map_err(io_err("rename", &target)),
+                None => match fs::remove_file(&target) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        Err(io_err("unlink", &target)(e))
+                    }
+                    _ => Ok(()),
+                },
+            };
+            if let Err(e) = done {
+                for tmp in tmp.into_iter().chain(renamed.filter_map(|(t, _)| t)) {
                     let _ = fs::remove_file(&tmp);
                 }
-                return Err(io_err("rename", &target)(e));
+                return Err(e);
             }
         }
         self.syncfs()
@@ -77,7 +85,7 @@ impl Sysroot {
         {
             list.retain(|(tmp, target)| {
                 let drop = targets.contains(target);
-                if drop {
+                if let (true, Some(tmp)) = (drop, tmp) {
                     let _ = fs::remove_file(tmp);
                 }
                 !drop
@@ -136,9 +144,11 @@ impl Sysroot {
         )?;
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match pending.as_mut() {
-            // written twice in one batch: the one temporary holds the last contents
-            Some(list) if list.iter().any(|(_, t)| t == p) => {}
-            Some(list) => list.push((tmp, p.to_path_buf())),
+            Some(list) => match list.iter_mut().find(|(_, t)| t == p) {
+                // written twice in one batch: the one temporary holds the last contents
+                Some((queued, _)) => *queued = Some(tmp),
+                None => list.push((Some(tmp), p.to_path_buf())),
+            },
             // the batch ended while this was written: in place at once, as outside one
             None => {
                 drop(pending);
@@ -150,6 +160,33 @@ impl Sysroot {
             }
         }
         Ok(())
+    }
+
+    /// Removes `path` (gone already is fine): at once and with its directory synced outside a
+    /// batch, at the batch's next barrier inside one, after the renames queued before it.
+    pub fn remove_file(&self, path: &str) -> Result<(), WriteError> {
+        #[cfg(test)]
+        self.injected_fault(path)?;
+        let p = self.resolve(path)?;
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(list) = pending.as_mut() {
+                match list.iter_mut().find(|(_, t)| *t == p) {
+                    Some((queued, _)) => {
+                        if let Some(tmp) = queued.take() {
+                            let _ = fs::remove_file(tmp);
+                        }
+                    }
+                    None => list.push((None, p)),
+                }
+                return Ok(());
+            }
+        }
+        match fs::remove_file(&p) {
+            Ok(()) => self.sync_dir_unless_batched(parent(&p)?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("unlink", &p)(e)),
+        }
     }
 
     /// Rewrites an existing file keeping its mode and owner (passwd, shadow, hosts…). A
@@ -194,7 +231,9 @@ impl Drop for Batch<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         for (tmp, _) in left.unwrap_or_default() {
-            let _ = fs::remove_file(tmp);
+            if let Some(tmp) = tmp {
+                let _ = fs::remove_file(tmp);
+            }
         }
     }
 }

@@ -117,12 +117,17 @@ pub(super) fn io_err<'a>(
     }
 }
 
+/// A batch's change waiting for its barrier: the temporary that replaces the file (None: the
+/// file goes), and the file.
+type Pending = (Option<PathBuf>, PathBuf);
+
 /// The mounted real root, and every write azprov makes into it.
 pub struct Sysroot {
     root: PathBuf,
     /// Inside a [`Sysroot::batch`]: the writes' temporaries and the files they replace, renamed
-    /// by the next [`Sysroot::barrier`] or [`Batch::sync`]. None outside a batch.
-    pending: Mutex<Option<Vec<(PathBuf, PathBuf)>>>,
+    /// by the next [`Sysroot::barrier`] or [`Batch::sync`] (no temporary: a file that goes);
+    /// None outside a batch.
+    pending: Mutex<Option<Vec<Pending>>>,
     /// The root's SELinux labels ([`Sysroot::labels`]), read on first use.
     labels: OnceLock<Option<label::Labels>>,
     /// The run's deadline, when there is one: no wait inside a write outlasts it.

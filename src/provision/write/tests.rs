@@ -50,6 +50,46 @@ fn both_chains_write_and_the_marker_comes_last() {
     azprov_unprivileged,
     ignore = "needs root (runs as root and under CI=true)"
 )]
+fn a_new_vm_without_custom_or_user_data_keeps_nothing_of_the_previous_vms() {
+    let (dir, root) = seeded("stale-data");
+    let first = ProvisioningData {
+        user_data: Some(Secret::new(b"A-USERDATA\n".to_vec())),
+        imds_json: Some(Secret::new(b"{}".to_vec())),
+        ..data("azureuser")
+    };
+    write_all(&root, &first, None, "vm-a", &State::default()).unwrap();
+    let state = dir.join("var/lib/azprov");
+    for f in ["customdata", "userdata", "imds.json"] {
+        assert!(state.join(f).exists(), "{f}");
+    }
+    // the disk boots as VM B, whose deployment has no custom data, user data or IMDS document
+    let second = ProvisioningData {
+        custom_data: None,
+        vm_id: Some("vm-b".into()),
+        ..data("azureuser")
+    };
+    write_all(&root, &second, None, "vm-b", &State::default()).unwrap();
+    for f in ["customdata", "userdata", "imds.json"] {
+        assert!(!state.join(f).exists(), "{f} of VM A is still there");
+    }
+    assert_eq!(
+        std::fs::read_to_string(state.join("provisioned")).unwrap(),
+        "vm-b\n"
+    );
+    // and a third run with nothing to remove is as happy; with no VM id known, the state
+    // says none (null), as the run's summary does, and the marker still says something
+    use crate::provision::state::UNKNOWN_VM;
+    write_all(&root, &second, None, UNKNOWN_VM, &State::default()).unwrap();
+    assert_eq!(State::load(&root).unwrap().vm_id, None);
+    assert_eq!(root.read_marker().as_deref(), Some(UNKNOWN_VM));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
 fn the_files_reach_the_disk_by_syncfs_before_passwd_the_home_and_the_marker() {
     let (dir, root) = seeded("chains-batch");
     write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
