@@ -425,7 +425,11 @@ mod tests {
         std::fs::create_dir_all(sys.join("class/block/sdz/queue")).unwrap();
         std::fs::create_dir_all(&dev).unwrap();
         std::fs::write(sys.join("class/block/sdz/size"), format!("{}\n", 64 << 11)).unwrap();
-        std::fs::write(sys.join("class/block/sdz/queue/logical_block_size"), "512\n").unwrap();
+        std::fs::write(
+            sys.join("class/block/sdz/queue/logical_block_size"),
+            "512\n",
+        )
+        .unwrap();
         let mut checked = std::collections::BTreeSet::new();
         // sysfs has the disk, devtmpfs no node yet: not given up on
         assert!(restore_tables(&sys, &dev, &mut checked).is_empty());
