@@ -1,0 +1,64 @@
+"""scripts/try-image's checks that need no VM: what Azure's upload would refuse.
+python3 -m unittest discover -s qemu-tests -p 'test_*.py' (needs qemu-img; no root)."""
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+_loader = importlib.machinery.SourceFileLoader("try_image", os.path.join(HERE, "..", "scripts", "try-image"))
+_spec = importlib.util.spec_from_loader("try_image", _loader)
+try_image = importlib.util.module_from_spec(_spec)
+_loader.exec_module(try_image)
+
+
+class Upload(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="azprov-upload-")
+
+    def vhd(self, raw_bytes, name):
+        raw = os.path.join(self.dir, name + ".raw")
+        with open(raw, "wb") as f:
+            f.truncate(raw_bytes)
+        out = os.path.join(self.dir, name + ".vhd")
+        subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vpc", "-o", "subformat=fixed,force_size=on",
+                        raw, out], check=True)
+        return out
+
+    def test_a_fixed_vhd_of_whole_mib_is_taken(self):
+        good = self.vhd(64 << 20, "good")
+        self.assertEqual(try_image.image_format(good), "vpc")
+        self.assertEqual(try_image.upload_problems(good, "vpc"), [])
+
+    def test_a_vhd_that_is_not_whole_mib_is_refused_as_azure_refuses_it(self):
+        # the size a user's image had: 2,415,960,064 bytes with the footer
+        bad = self.vhd(2_415_960_064 - 512, "bad")
+        problems = try_image.upload_problems(bad, "vpc")
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("2,415,960,064 bytes", problems[0])
+        self.assertIn("not a whole number of MiB", problems[0])
+        self.assertIn("resize the raw disk to 2,305 MiB", problems[0])
+
+    def test_a_dynamic_vhd_and_a_raw_disk_are_not_what_azure_takes(self):
+        raw = os.path.join(self.dir, "disk.raw")
+        with open(raw, "wb") as f:
+            f.truncate(64 << 20)
+        dynamic = os.path.join(self.dir, "dynamic.vhd")
+        subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "vpc", raw, dynamic], check=True)
+        self.assertTrue(any("not 2 (fixed)" in p for p in try_image.upload_problems(dynamic, "vpc")))
+        self.assertIn("not a fixed VHD", try_image.upload_problems(raw, "raw")[0])
+
+    def test_a_damaged_footer_is_said(self):
+        good = self.vhd(64 << 20, "damaged")
+        with open(good, "r+b") as f:
+            f.seek(-512 + 70, os.SEEK_END)
+            f.write(b"\xff")
+        self.assertIn("the VHD footer's checksum is wrong", try_image.upload_problems(good, "vpc"))
+
+
+if __name__ == "__main__":
+    unittest.main()
