@@ -62,3 +62,31 @@ class Upload(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Cause(unittest.TestCase):
+    def args(self):
+        return type("A", (), {"timeout": 600, "ssh_only": False, "user": "azureuser", "hostname": "vm"})()
+
+    def result(self, **kw):
+        r = {"ready": False, "reason": None, "requests": [], "console_log": "c.log", "ssh": False,
+             "format": "vpc", "upload": []}
+        r.update(kw)
+        return r
+
+    def test_a_vm_that_never_asks_the_fabric_ends_with_that_cause(self):
+        c = try_image.cause(self.result(silent=75.3), self.args(), None)
+        self.assertIn("its sshd answered, but in the 60 s after nothing asked the fabric", c)
+        self.assertIn("ended at 75.3 s", c)
+        # without the early end it is the timeout's cause
+        c = try_image.cause(self.result(), self.args(), None)
+        self.assertTrue(c.startswith("no Ready within 600 s: the image never reached the fabric"), c)
+
+    def test_a_vhd_azure_would_refuse_fails_a_run_that_provisioned(self):
+        ok = dict(ready=True, ssh=True, hostname="vm", t_ready_s=9.0)
+        self.assertIsNone(try_image.cause(self.result(**ok), self.args(), None))
+        c = try_image.cause(self.result(upload=["2,415,960,064 bytes: ..."], **ok), self.args(), None)
+        self.assertTrue(c.startswith("it provisions here, but Azure would refuse the VHD: 2,415,960,064 bytes"), c)
+        # a raw disk is tried as it is: its note fails nothing
+        self.assertIsNone(try_image.cause(self.result(format="raw", upload=["a raw image, ..."], **ok),
+                                          self.args(), None))
