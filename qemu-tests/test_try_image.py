@@ -90,3 +90,25 @@ class Cause(unittest.TestCase):
         # a raw disk is tried as it is: its note fails nothing
         self.assertIsNone(try_image.cause(self.result(format="raw", upload=["a raw image, ..."], **ok),
                                           self.args(), None))
+
+
+class VmId(unittest.TestCase):
+    VM = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+    def test_gen2_shows_the_vm_id_and_gen1_its_first_three_fields_swapped(self):
+        self.assertEqual(try_image.dmi_uuid(self.VM, "2"), self.VM)
+        self.assertEqual(try_image.dmi_uuid(self.VM, "1"), "3c2d1e0f-5a4b-7869-8796-a5b4c3d2e1f0")
+
+    def test_what_azprov_recorded_is_read_from_the_login_and_a_wrong_vm_id_fails_the_run(self):
+        out = ("HOSTNAME=vm\nAZPROV-STATUS-BEGIN\n"
+               '{"vm_id": "3c2d1e0f-5a4b-7869-8796-a5b4c3d2e1f0", "scripts": {"customdata": {"exit": 0}}}\n'
+               "AZPROV-STATUS-END\n")
+        st = try_image.azprov_status(out)
+        self.assertEqual(st["scripts"]["customdata"]["exit"], 0)
+        self.assertIsNone(try_image.azprov_status("HOSTNAME=vm\nAZPROV-STATUS-BEGIN\nAZPROV-STATUS-END\n"))
+        a = type("A", (), {"timeout": 600, "ssh_only": False, "user": "azureuser", "hostname": "vm"})()
+        r = {"ready": True, "reason": None, "requests": [], "console_log": "c.log", "ssh": True, "hostname": "vm",
+             "t_ready_s": 9.0, "format": "raw", "upload": [], "vm_id": self.VM, "azprov": st}
+        self.assertIn("the DMI UUID was read in the wrong byte order", try_image.cause(r, a, None))
+        r["azprov"] = dict(st, vm_id=self.VM)
+        self.assertIsNone(try_image.cause(r, a, None))
