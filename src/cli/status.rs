@@ -86,22 +86,12 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         Ok(_) => (State::load(&root), None),
     };
     let marker = root.read_marker();
-    let yes = |b: bool| if b { Provisioned::Yes } else { Provisioned::No };
-    let provisioned = match (&marker, offline) {
-        // not root: this boot's record says whether the VM was provisioned, when there is one
-        (None, _) if state_unreadable.is_some() => match this("report") {
-            Some(r) => yes(matches!(r.as_str(), "ready" | "skipped")),
-            None => Provisioned::Unknown,
-        },
-        (None, _) => Provisioned::No,
-        (Some(_), Some(_)) => Provisioned::Yes,
-        // the running system: a marker from another VM (an image not cleaned) does not count
-        (Some(m), None) => yes(crate::azure::vmid::read(
-            std::path::Path::new(crate::azure::vmid::DMI_DIR),
-            std::path::Path::new("/sys"),
-        )
-        .is_none_or(|id| &id == m)),
-    };
+    let provisioned = provisioned(
+        marker.as_deref(),
+        offline.is_some(),
+        state_unreadable.is_some(),
+        this("report").as_deref(),
+    );
     let state = state.unwrap_or_default();
     let reason = state.reason.clone().or_else(|| this("reason"));
     let st = Status {
@@ -159,6 +149,32 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         (Provisioned::Unknown, _) => Err(CliError::Unknown(
             "cannot tell whether this VM was provisioned: run as root".into(),
         )),
+    }
+}
+
+/// Whether the root was provisioned: its marker (`offline`: a root given with --root, where
+/// only the marker counts), or, when the state cannot be read (not root), this boot's record
+/// of the run (`report`), if there is one.
+fn provisioned(
+    marker: Option<&str>,
+    offline: bool,
+    state_unreadable: bool,
+    report: Option<&str>,
+) -> Provisioned {
+    let yes = |b: bool| if b { Provisioned::Yes } else { Provisioned::No };
+    match (marker, offline) {
+        (None, _) if state_unreadable => match report {
+            Some(r) => yes(matches!(r, "ready" | "skipped")),
+            None => Provisioned::Unknown,
+        },
+        (None, _) => Provisioned::No,
+        (Some(_), true) => Provisioned::Yes,
+        // the running system: a marker from another VM (an image not cleaned) does not count
+        (Some(m), false) => yes(crate::azure::vmid::read(
+            std::path::Path::new(crate::azure::vmid::DMI_DIR),
+            std::path::Path::new("/sys"),
+        )
+        .is_none_or(|id| id == m)),
     }
 }
 

@@ -387,7 +387,7 @@ fn mbr(head: &[u8], disk_sectors: u64, number: u32, sector: u64) -> Result<Plan,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -396,18 +396,10 @@ mod tests {
         assert_eq!(crc32(b""), 0);
     }
 
-    /// A disk image made by sfdisk (the tool is Debian's util-linux), grown, planned, written,
-    /// and checked by sfdisk again.
-    fn sfdisk_disk(label: &str, script: &str, mib: u64) -> std::path::PathBuf {
-        let p = std::env::temp_dir().join(format!(
-            "azprov-grow-{label}-{}-{}",
-            std::process::id(),
-            script.len()
-        ));
-        let f = std::fs::File::create(&p).unwrap();
-        f.set_len(mib << 20).unwrap();
+    /// `script` given to sfdisk (Debian's util-linux) for the disk or image at `target`.
+    pub(crate) fn sfdisk(target: &str, script: &str) {
         let mut c = std::process::Command::new("sfdisk")
-            .args(["--quiet", p.to_str().unwrap()])
+            .args(["--quiet", target])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("sfdisk (util-linux) is needed");
@@ -418,6 +410,20 @@ mod tests {
             .write_all(script.as_bytes())
             .unwrap();
         assert!(c.wait().unwrap().success());
+    }
+
+    /// A disk image made by sfdisk, grown, planned, written, and checked by sfdisk again.
+    fn sfdisk_disk(label: &str, script: &str, mib: u64) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "azprov-grow-{label}-{}-{}",
+            std::process::id(),
+            script.len()
+        ));
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        sfdisk(p.to_str().unwrap(), script);
         p
     }
 
@@ -425,8 +431,8 @@ mod tests {
         apply_first(p, grow_to_mib, number, usize::MAX, 512)
     }
 
-    /// Reads `p` as a disk.
-    fn reader(f: &std::fs::File) -> impl FnMut(u64, usize) -> Option<Vec<u8>> + '_ {
+    /// Reads `f` as a disk.
+    pub(crate) fn reader(f: &std::fs::File) -> impl FnMut(u64, usize) -> Option<Vec<u8>> + '_ {
         move |at, len| {
             use std::os::unix::fs::FileExt;
             let mut b = vec![0; len];
@@ -673,21 +679,7 @@ mod tests {
             .unwrap()
             .set_len(32 << 20)
             .unwrap();
-        {
-            let dev = Loop::attach(&p);
-            let mut c = std::process::Command::new("sfdisk")
-                .args(["--quiet", &dev.0])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use std::io::Write;
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(b"label: gpt\n,8M\n,8M\n")
-                .unwrap();
-            assert!(c.wait().unwrap().success());
-        }
+        sfdisk(&Loop::attach(&p).0, "label: gpt\n,8M\n,8M\n");
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

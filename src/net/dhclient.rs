@@ -159,40 +159,10 @@ impl Prepared {
                 Action::Wait(until) => {
                     let wait = until.saturating_sub(now);
                     match sock.recv(&mut buf, wait) {
-                        Ok(Some(n)) => match decode(buf.get(..n).unwrap_or_default()) {
-                            Decoded::NotDhcp => {}
-                            Decoded::Malformed(e) => {
-                                if said.allow(Said::Malformed) {
-                                    log::warn!("dhcp: a reply on {} dropped: {e}", nic.name);
-                                }
-                            }
-                            Decoded::Reply(m) => {
-                                for (code, why) in &m.skipped {
-                                    if said.allow(Said::Skipped) {
-                                        log::warn!(
-                                            "dhcp: option {code} from {:?} skipped: {why}",
-                                            m.server_id
-                                        );
-                                    }
-                                }
-                                if client.handle(t0.elapsed(), &m) {
-                                    log::debug!(
-                                        "dhcp: got {:?} from {:?}",
-                                        m.message_type,
-                                        m.server_id
-                                    );
-                                } else if said.allow(Said::NotOurs) {
-                                    log::info!(
-                                        "dhcp: {:?} from {:?} (xid {:#010x}) dropped: not for \
-                                         this exchange (another xid or MAC, no server id, or \
-                                         not expected now)",
-                                        m.message_type,
-                                        m.server_id,
-                                        m.xid
-                                    );
-                                }
-                            }
-                        },
+                        Ok(Some(n)) => {
+                            let packet = buf.get(..n).unwrap_or_default();
+                            said.take(&mut client, t0.elapsed(), packet, &nic.name);
+                        }
                         Ok(None) => {}
                         Err(errno) => {
                             return Err(DhcpError::Socket {
@@ -307,6 +277,37 @@ impl PacketLines {
             .map(|(n, name)| format!("{} {name}", n - Self::EACH))
             .collect();
         (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
+    /// A received packet: handed to `client` when it is a DHCP reply, the lines it causes
+    /// said within the limits.
+    fn take(&mut self, client: &mut Machine, now: Duration, packet: &[u8], iface: &str) {
+        match decode(packet) {
+            Decoded::NotDhcp => {}
+            Decoded::Malformed(e) => {
+                if self.allow(Said::Malformed) {
+                    log::warn!("dhcp: a reply on {iface} dropped: {e}");
+                }
+            }
+            Decoded::Reply(m) => {
+                for (code, why) in &m.skipped {
+                    if self.allow(Said::Skipped) {
+                        log::warn!("dhcp: option {code} from {:?} skipped: {why}", m.server_id);
+                    }
+                }
+                if client.handle(now, &m) {
+                    log::debug!("dhcp: got {:?} from {:?}", m.message_type, m.server_id);
+                } else if self.allow(Said::NotOurs) {
+                    log::info!(
+                        "dhcp: {:?} from {:?} (xid {:#010x}) dropped: not for this exchange \
+                         (another xid or MAC, no server id, or not expected now)",
+                        m.message_type,
+                        m.server_id,
+                        m.xid
+                    );
+                }
+            }
+        }
     }
 
     fn summary(&self) {

@@ -377,40 +377,21 @@ pub fn run<G>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use crate::early::grow::tests::{reader, sfdisk};
 
     /// A 64 MiB GPT disk image (sfdisk) grown from 32 MiB, cut between the primary's entry
     /// sector and its header: the kernel would find no partition on it.
     fn torn_disk(path: &Path) {
-        let f = File::create(path).unwrap();
-        f.set_len(32 << 20).unwrap();
-        let mut c = std::process::Command::new("sfdisk")
-            .args(["--quiet", path.to_str().unwrap()])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("sfdisk (util-linux) is needed");
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(b"label: gpt\n,8M\n,8M\n")
-            .unwrap();
-        assert!(c.wait().unwrap().success());
-        f.set_len(64 << 20).unwrap();
+        File::create(path).unwrap().set_len(32 << 20).unwrap();
+        sfdisk(path.to_str().unwrap(), "label: gpt\n,8M\n,8M\n");
         let f = File::options().read(true).write(true).open(path).unwrap();
-        let mut read = |at: u64, len: usize| {
-            let mut b = vec![0u8; len];
-            f.read_exact_at(&mut b, at).ok().map(|_| b)
-        };
-        let plan = grow::plan(&mut read, 64 << 20, 2, 512).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let plan = grow::plan(&mut reader(&f), 64 << 20, 2, 512).unwrap();
         // all but the last write: the header
         for (at, bytes) in plan.writes.iter().take(plan.writes.len() - 1) {
             f.write_all_at(bytes, *at).unwrap();
         }
-        let mut read = |at: u64, len: usize| {
-            let mut b = vec![0u8; len];
-            f.read_exact_at(&mut b, at).ok().map(|_| b)
-        };
-        assert!(grow::restore(&mut read, 64 << 20, 512).is_some());
+        assert!(grow::restore(&mut reader(&f), 64 << 20, 512).is_some());
     }
 
     #[test]
@@ -440,13 +421,13 @@ mod tests {
         restore_tables(&sys, &dev, &mut checked);
         assert!(checked.contains("sdz"));
         let f = File::open(dev.join("sdz")).unwrap();
-        let mut read = |at: u64, len: usize| {
-            let mut b = vec![0u8; len];
-            f.read_exact_at(&mut b, at).ok().map(|_| b)
-        };
-        assert_eq!(grow::restore(&mut read, 64 << 20, 512), None, "sound now");
+        assert_eq!(
+            grow::restore(&mut reader(&f), 64 << 20, 512),
+            None,
+            "sound now"
+        );
         assert!(matches!(
-            grow::plan(&mut read, 64 << 20, 2, 512),
+            grow::plan(&mut reader(&f), 64 << 20, 2, 512),
             Err(Skip::Little(_))
         ));
         let _ = std::fs::remove_dir_all(&d);

@@ -11,7 +11,7 @@ use super::stages::{
     finish_host_keys_later, install_host_keys, ms, network, prepare_network, record_report,
     release_network, report, report_deadline, wireserver_addr, writable, Stage,
 };
-use super::state::{Acked, State};
+use super::state::{Acked, State, UNKNOWN_VM};
 pub use super::summary::{Report, Summary};
 use super::sysroot::{self, Sysroot};
 use super::{Failure, Reason};
@@ -307,10 +307,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) 
         Err(f) => Err(f),
         Ok(data) => {
             s.describe(&data);
-            let vm_id = s
-                .vm_id
-                .clone()
-                .unwrap_or_else(|| super::state::UNKNOWN_VM.into());
+            let vm_id = s.vm_id.clone().unwrap_or_else(|| UNKNOWN_VM.into());
             // what the state says once the marker is on disk, until the report's outcome
             // replaces it
             let owed = State {
