@@ -240,7 +240,7 @@ pub fn bring_up(
 enum Said {
     Malformed = 0,
     Skipped = 1,
-    NotOurs = 2,
+    Dropped = 2,
 }
 
 /// Lines caused by packets, which anything on the link can send at line rate: the first
@@ -264,11 +264,7 @@ impl PacketLines {
 
     /// How many were not said, by kind; None when every one was.
     fn unsaid(&self) -> Option<String> {
-        let names = [
-            "malformed replies",
-            "skipped options",
-            "replies not for this exchange",
-        ];
+        let names = ["malformed replies", "skipped options", "replies dropped"];
         let parts: Vec<String> = self
             .said
             .iter()
@@ -295,16 +291,18 @@ impl PacketLines {
                         log::warn!("dhcp: option {code} from {:?} skipped: {why}", m.server_id);
                     }
                 }
-                if client.handle(now, &m) {
-                    log::debug!("dhcp: got {:?} from {:?}", m.message_type, m.server_id);
-                } else if self.allow(Said::NotOurs) {
-                    log::info!(
-                        "dhcp: {:?} from {:?} (xid {:#010x}) dropped: not for this exchange \
-                         (another xid or MAC, no server id, or not expected now)",
-                        m.message_type,
-                        m.server_id,
-                        m.xid
-                    );
+                match client.handle(now, &m) {
+                    Ok(()) => log::debug!("dhcp: got {:?} from {:?}", m.message_type, m.server_id),
+                    Err(why) => {
+                        if self.allow(Said::Dropped) {
+                            log::info!(
+                                "dhcp: {:?} from {:?} (xid {:#010x}) dropped: {why}",
+                                m.message_type,
+                                m.server_id,
+                                m.xid
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -329,7 +327,7 @@ mod packet_lines_tests {
         let mut p = PacketLines::default();
         let said = (0..100_000).filter(|_| p.allow(Said::Malformed)).count();
         assert_eq!(said, 3);
-        assert!(p.allow(Said::NotOurs));
+        assert!(p.allow(Said::Dropped));
         assert_eq!(p.unsaid().as_deref(), Some("99997 malformed replies"));
         let quiet = PacketLines::default();
         assert_eq!(quiet.unsaid(), None);

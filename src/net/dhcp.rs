@@ -207,19 +207,25 @@ impl Machine {
         }
     }
 
-    /// Feeds one received message. Replies for someone else (wrong xid or chaddr), without a
-    /// server identifier, or unexpected in this state are dropped; returns whether it was used.
-    pub fn handle(&mut self, now: Duration, m: &DhcpMessage) -> bool {
-        if m.op != 2 || m.xid != self.xid || m.chaddr != self.cfg.mac {
-            return false;
+    /// Feeds one received message: Ok when it moved the exchange on, else why it was dropped
+    /// (checked in this order, as each return below says).
+    pub fn handle(&mut self, now: Duration, m: &DhcpMessage) -> Result<(), Ignored> {
+        if m.op != 2 {
+            return Err(Ignored::NotAReply);
+        }
+        if m.xid != self.xid {
+            return Err(Ignored::OtherXid);
+        }
+        if m.chaddr != self.cfg.mac {
+            return Err(Ignored::OtherMac);
         }
         let Some(server) = m.server_id else {
-            return false;
+            return Err(Ignored::NoServerId);
         };
         match (&self.state, m.message_type) {
             (State::Selecting { .. }, Some(MessageType::Offer)) => {
                 let Some(address) = m.yiaddr else {
-                    return false;
+                    return Err(Ignored::OfferWithoutAddress);
                 };
                 // The first valid offer wins (RFC 2131 §4.4.1 lets the client choose).
                 self.state = State::Requesting {
@@ -227,24 +233,84 @@ impl Machine {
                     next: now,
                     sent: 0,
                 };
-                true
+                Ok(())
             }
-            (State::Requesting { offer, .. }, Some(MessageType::Ack)) if offer.server == server => {
-                match lease_from_ack(m, server) {
-                    Some(lease) => {
-                        self.state = State::Bound(lease);
-                        true
-                    }
-                    None => false,
-                }
+            (State::Requesting { offer, .. }, Some(MessageType::Ack | MessageType::Nak))
+                if offer.server != server =>
+            {
+                Err(Ignored::OtherServer)
             }
-            (State::Requesting { offer, .. }, Some(MessageType::Nak)) if offer.server == server => {
+            (State::Requesting { .. }, Some(MessageType::Ack)) => {
+                let lease = lease_from_ack(m, server).ok_or(Ignored::AckWithoutLease)?;
+                self.state = State::Bound(lease);
+                Ok(())
+            }
+            (State::Requesting { .. }, Some(MessageType::Nak)) => {
                 self.naks += 1;
                 let pause = self.nak_backoff(self.naks);
                 self.restart(now + pause);
-                true
+                Ok(())
             }
-            _ => false,
+            (state, kind) => Err(Ignored::Unexpected {
+                kind,
+                state: state.name(),
+            }),
+        }
+    }
+}
+
+/// Why a received DHCP message did not move the exchange on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// op is not BOOTREPLY (another client's request, seen on the link).
+    NotAReply,
+    /// A reply to another exchange (another client's, or one of ours before a restart).
+    OtherXid,
+    /// A reply for another client's hardware address.
+    OtherMac,
+    /// No option 54: RFC 2131 requires the server identifier in OFFER, ACK and NAK.
+    NoServerId,
+    /// An OFFER with no address in yiaddr.
+    OfferWithoutAddress,
+    /// An ACK or NAK from a server other than the one whose offer was taken.
+    OtherServer,
+    /// An ACK without a usable lease (no address, or a subnet mask that is not a prefix).
+    AckWithoutLease,
+    /// A message this state does not take (an ACK while selecting, anything once bound).
+    Unexpected {
+        kind: Option<MessageType>,
+        state: &'static str,
+    },
+}
+
+impl std::fmt::Display for Ignored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ignored::NotAReply => f.write_str("not a reply (op is not BOOTREPLY)"),
+            Ignored::OtherXid => f.write_str("another exchange's xid"),
+            Ignored::OtherMac => f.write_str("another client's MAC"),
+            Ignored::NoServerId => f.write_str("no server identifier (option 54)"),
+            Ignored::OfferWithoutAddress => f.write_str("an offer of no address"),
+            Ignored::OtherServer => {
+                f.write_str("from another server than the one whose offer was taken")
+            }
+            Ignored::AckWithoutLease => f.write_str(
+                "an ACK without a usable lease (no address, or a mask that is not a prefix)",
+            ),
+            Ignored::Unexpected { kind, state } => match kind {
+                Some(k) => write!(f, "{k:?} not expected while {state}"),
+                None => write!(f, "no message type (option 53) while {state}"),
+            },
+        }
+    }
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::Selecting { .. } => "selecting",
+            State::Requesting { .. } => "requesting",
+            State::Bound(_) => "bound",
         }
     }
 }

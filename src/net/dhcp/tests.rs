@@ -99,7 +99,7 @@ fn full_exchange_binds_with_the_lease() {
     let mut c = client(60.0);
     sent(c.poll(s(0.0)));
     let offer = reply(&c, MessageType::Offer);
-    assert!(c.handle(s(0.1), &offer));
+    assert_eq!(c.handle(s(0.1), &offer), Ok(()));
     let r = sent(c.poll(s(0.1)));
     assert_eq!(r.message_type, Some(MessageType::Request));
     assert_eq!(r.requested_ip, Some(ME));
@@ -107,7 +107,7 @@ fn full_exchange_binds_with_the_lease() {
     assert_eq!(r.hostname.as_deref(), Some("vm-7"));
     assert_eq!(r.xid, offer.xid);
     let ack = reply(&c, MessageType::Ack);
-    assert!(c.handle(s(0.2), &ack));
+    assert_eq!(c.handle(s(0.2), &ack), Ok(()));
     let Action::Bound(lease) = c.poll(s(0.2)) else {
         panic!()
     };
@@ -131,7 +131,8 @@ fn full_exchange_binds_with_the_lease() {
 fn classless_routes_win_over_the_router() {
     let mut c = client(60.0);
     sent(c.poll(s(0.0)));
-    c.handle(s(0.1), &reply(&c, MessageType::Offer));
+    c.handle(s(0.1), &reply(&c, MessageType::Offer))
+        .expect("taken");
     sent(c.poll(s(0.1)));
     let mut ack = reply(&c, MessageType::Ack);
     ack.routers = vec![Ipv4Addr::new(10, 0, 0, 254)];
@@ -150,7 +151,7 @@ fn classless_routes_win_over_the_router() {
     ]);
     ack.wireserver = Some(wire);
     ack.mtu = Some(1400);
-    c.handle(s(0.2), &ack);
+    c.handle(s(0.2), &ack).expect("taken");
     let Action::Bound(lease) = c.poll(s(0.2)) else {
         panic!()
     };
@@ -167,18 +168,32 @@ fn wrong_xid_chaddr_or_missing_server_id_are_dropped() {
     sent(c.poll(s(0.0)));
     let mut bad = reply(&c, MessageType::Offer);
     bad.xid ^= 1;
-    assert!(!c.handle(s(0.1), &bad));
+    assert_eq!(c.handle(s(0.1), &bad), Err(Ignored::OtherXid));
     let mut bad = reply(&c, MessageType::Offer);
     bad.chaddr[5] ^= 1;
-    assert!(!c.handle(s(0.1), &bad));
+    assert_eq!(c.handle(s(0.1), &bad), Err(Ignored::OtherMac));
     let mut bad = reply(&c, MessageType::Offer);
     bad.server_id = None;
-    assert!(!c.handle(s(0.1), &bad));
+    assert_eq!(c.handle(s(0.1), &bad), Err(Ignored::NoServerId));
     let mut bad = reply(&c, MessageType::Offer);
     bad.op = 1;
-    assert!(!c.handle(s(0.1), &bad));
-    // an ACK while selecting is unexpected
-    assert!(!c.handle(s(0.1), &reply(&c, MessageType::Ack)));
+    assert_eq!(c.handle(s(0.1), &bad), Err(Ignored::NotAReply));
+    let mut bad = reply(&c, MessageType::Offer);
+    bad.yiaddr = None;
+    assert_eq!(c.handle(s(0.1), &bad), Err(Ignored::OfferWithoutAddress));
+    // an ACK while selecting is unexpected, and the reason says so
+    let why = c.handle(s(0.1), &reply(&c, MessageType::Ack));
+    assert_eq!(
+        why,
+        Err(Ignored::Unexpected {
+            kind: Some(MessageType::Ack),
+            state: "selecting"
+        })
+    );
+    assert_eq!(
+        why.unwrap_err().to_string(),
+        "Ack not expected while selecting"
+    );
     assert!(matches!(c.poll(s(0.1)), Action::Wait(_)));
 }
 
@@ -187,13 +202,14 @@ fn nak_restarts_with_a_new_xid() {
     let mut c = client(60.0);
     sent(c.poll(s(0.0)));
     let first_xid = c.xid();
-    c.handle(s(0.1), &reply(&c, MessageType::Offer));
+    c.handle(s(0.1), &reply(&c, MessageType::Offer))
+        .expect("taken");
     sent(c.poll(s(0.1)));
     // a NAK from another server is ignored
     let mut other = reply(&c, MessageType::Nak);
     other.server_id = Some(Ipv4Addr::new(10, 0, 0, 2));
-    assert!(!c.handle(s(0.2), &other));
-    assert!(c.handle(s(0.2), &reply(&c, MessageType::Nak)));
+    assert_eq!(c.handle(s(0.2), &other), Err(Ignored::OtherServer));
+    assert_eq!(c.handle(s(0.2), &reply(&c, MessageType::Nak)), Ok(()));
     assert_eq!(c.naks, 1);
     assert_ne!(c.xid(), first_xid);
     // a randomised pause of 0.5–1 s before the new DISCOVER
@@ -219,7 +235,7 @@ fn a_server_that_naks_forever_is_not_flooded() {
                     _ => MessageType::Nak,
                 };
                 // the server answers at once
-                c.handle(s(now), &reply(&c, kind));
+                c.handle(s(now), &reply(&c, kind)).expect("taken");
             }
             Action::Wait(until) => now = until.as_secs_f64().max(now + 0.001),
             Action::TimedOut | Action::Bound(_) => break,
@@ -236,11 +252,17 @@ fn a_server_that_naks_forever_is_not_flooded() {
 fn the_first_offer_wins() {
     let mut c = client(60.0);
     sent(c.poll(s(0.0)));
-    assert!(c.handle(s(0.1), &reply(&c, MessageType::Offer)));
+    assert_eq!(c.handle(s(0.1), &reply(&c, MessageType::Offer)), Ok(()));
     let mut second = reply(&c, MessageType::Offer);
     second.server_id = Some(Ipv4Addr::new(10, 0, 0, 2));
     second.yiaddr = Some(Ipv4Addr::new(10, 0, 0, 99));
-    assert!(!c.handle(s(0.5), &second));
+    assert_eq!(
+        c.handle(s(0.5), &second),
+        Err(Ignored::Unexpected {
+            kind: Some(MessageType::Offer),
+            state: "requesting"
+        })
+    );
     let r = sent(c.poll(s(0.5)));
     assert_eq!(r.server_id, Some(SERVER));
     assert_eq!(r.requested_ip, Some(ME));
@@ -250,7 +272,8 @@ fn the_first_offer_wins() {
 fn unanswered_requests_fall_back_to_discover() {
     let mut c = client(600.0);
     sent(c.poll(s(0.0)));
-    c.handle(s(0.1), &reply(&c, MessageType::Offer));
+    c.handle(s(0.1), &reply(&c, MessageType::Offer))
+        .expect("taken");
     let mut now = s(0.1);
     let mut kinds = Vec::new();
     while kinds.len() < 6 {
@@ -276,7 +299,8 @@ fn deadline_times_out() {
     // even in the middle of requesting
     let mut c = client(5.0);
     sent(c.poll(s(0.0)));
-    c.handle(s(4.9), &reply(&c, MessageType::Offer));
+    c.handle(s(4.9), &reply(&c, MessageType::Offer))
+        .expect("taken");
     assert_eq!(c.poll(s(5.0)), Action::TimedOut);
 }
 
