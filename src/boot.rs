@@ -1,5 +1,5 @@
-//! PID 1 mode: the boot flow of docs/DESIGN.md §2 as a list of stages. Provisioning itself is the
-//! same code as `azprov provision --root`; this file adds what only an init does: early
+//! PID 1 mode: docs/DESIGN.md, "The boot flow in PID 1", as a list of stages. Provisioning itself
+//! is the same code as `azprov provision --root`; this file adds what only an init does: early
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
@@ -134,8 +134,8 @@ const EARLY_MOUNTS: [EarlyMount; 4] = [
     },
 ];
 
-/// The whole boot, as the stages of docs/DESIGN.md §2. Never returns: it execs the real init
-/// or follows `azprov.onfail`.
+/// The whole boot, as the stages of docs/DESIGN.md, "The boot flow in PID 1". Never returns:
+/// it execs the real init or follows `azprov.onfail`.
 pub fn main() -> ! {
     let t0 = Instant::now();
     let devkmsg = early_mounts();

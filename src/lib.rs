@@ -4,7 +4,7 @@
 //! policy, parsers of untrusted bytes), `net` (DHCP and
 //! the link), `azure` (wire formats and the one HTTP client), `provision` (the data, the
 //! writes into the root, the run), `boot` (PID 1) and `cli` (the subcommands). A layer never
-//! imports one above it. docs/DESIGN.md §5 has the map.
+//! imports one above it. docs/DESIGN.md, "Code map", has the map.
 
 #![cfg_attr(
     not(test),

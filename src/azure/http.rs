@@ -1,5 +1,5 @@
 //! The one HTTP client: plain HTTP/1.1 through ureq, never a proxy, bounded bodies, and the
-//! retry classes of docs/DESIGN.md §4 inside one deadline.
+//! retry classes of docs/contracts.md, "Protocol rules", inside one deadline.
 
 mod transport;
 
@@ -169,7 +169,7 @@ impl Client {
     pub fn new() -> Self {
         let config = ureq::Agent::config_builder()
             // IMDS and the WireServer must be reached directly; HTTP_PROXY and friends are
-            // ignored (docs/DESIGN.md §4).
+            // ignored (docs/contracts.md, "Protocol rules").
             .proxy(None)
             .http_status_as_error(false)
             .max_redirects(0)

@@ -1,5 +1,5 @@
-//! The IMDS instance document (docs/DESIGN.md §4). Every primitive arrives as a
-//! string (`"true"`); keys may carry CR/LF; userData is base64.
+//! The IMDS instance document (docs/contracts.md, "Protocol rules"). Every primitive arrives
+//! as a string (`"true"`); keys may carry CR/LF; userData is base64.
 
 use super::http::{Class, Client, HttpError, Method, Request};
 use crate::deadline::Deadline;

@@ -1,5 +1,5 @@
-//! The provisioning CD (docs/DESIGN.md §4): find CD-ROM drives, mount the disc
-//! read-only (udf, then iso9660; udf only when the disc says it holds UDF) with mount(2), read
+//! The provisioning CD (docs/contracts.md, "Protocol rules"): find CD-ROM drives, mount the
+//! disc read-only (udf, then iso9660; udf only when the disc says it holds UDF) with mount(2), read
 //! ovf-env.xml, and always unmount.
 
 use crate::deadline::Deadline;

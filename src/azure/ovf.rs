@@ -1,4 +1,4 @@
-//! ovf-env.xml from the provisioning CD (docs/DESIGN.md §4).
+//! ovf-env.xml from the provisioning CD (docs/contracts.md, "Protocol rules").
 //!
 //! Matched by namespace URI and local name: real files use `wa:`, `ns1:`, the default
 //! namespace, and mixes of them. The password is held as a [`Secret`] and never printed.

@@ -2,7 +2,8 @@
 //! cloud-init's `ReportableError`): a fixed string per variant, so the set is reviewable in
 //! one place and the portal shows the same words for the same cause. The detail that goes
 //! with a reason (path, errno, status) travels beside it in a [`Failure`]; decisions are taken
-//! on the variant, never on text. docs/DESIGN.md §6 lists the table; the test below pins it.
+//! on the variant, never on text. docs/contracts.md, "What Azure is told", lists the table;
+//! the test below pins it.
 
 use std::fmt;
 
@@ -25,7 +26,7 @@ macro_rules! reasons {
                 }
             }
 
-            /// When this reason is given (the reason table in docs/DESIGN.md).
+            /// When this reason is given (the reason table in docs/contracts.md).
             pub const fn when(self) -> &'static str {
                 match self {
                     $(Reason::$variant => $doc,)*
@@ -187,7 +188,7 @@ mod tests {
     use super::*;
 
     /// The whole set Azure can receive. Changing a string changes what users see in the
-    /// portal and what their tooling matches: do it here, on purpose, and in docs/DESIGN.md.
+    /// portal and what their tooling matches: do it here, on purpose, and in docs/contracts.md.
     #[test]
     fn the_reason_table() {
         let table: Vec<(Reason, &str)> = Reason::ALL.iter().map(|r| (*r, r.as_str())).collect();
@@ -267,13 +268,13 @@ mod tests {
         }
     }
 
-    /// docs/DESIGN.md carries the same table; it must not drift from the enum.
+    /// docs/contracts.md carries the same table; it must not drift from the enum.
     #[test]
     fn the_design_document_lists_every_reason() {
-        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/DESIGN.md"));
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/contracts.md"));
         for r in Reason::ALL {
             let row = format!("| `{}` | {} |", r.as_str(), r.when());
-            assert!(doc.contains(&row), "docs/DESIGN.md lacks the row: {row}");
+            assert!(doc.contains(&row), "docs/contracts.md lacks the row: {row}");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The VM id from DMI (docs/DESIGN.md §4): `/sys/class/dmi/id/product_uuid`,
+//! The VM id from DMI (docs/contracts.md, "Protocol rules"): `/sys/class/dmi/id/product_uuid`,
 //! lower-case; Gen1 VMs (no `/sys/firmware/efi`) use SMBIOS 2.3, so the first three fields are
 //! stored byte-swapped relative to IMDS `vmId`.
 

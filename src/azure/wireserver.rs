@@ -1,4 +1,5 @@
-//! The WireServer (168.63.129.16): goal state and health reports (docs/DESIGN.md §4).
+//! The WireServer (168.63.129.16): goal state and health reports (docs/contracts.md,
+//! "Protocol rules").
 //! The goal state is fetched fresh before every POST: a stale incarnation gets 410.
 
 use super::http::{Class, Client, HttpError, Method, Request};

@@ -1,6 +1,6 @@
-//! The subcommands of docs/DESIGN.md §1 (tool and hook mode): argument parsing (`args`) and
-//! one file per command. Each returns a [`CliError`] that decides the exit code: 0 ok, 1 a
-//! network or provisioning failure, 2 bad input or usage.
+//! The subcommands of docs/DESIGN.md, "Entry points" (tool and hook mode): argument parsing
+//! (`args`) and one file per command. Each returns a [`CliError`] that decides the exit code: 0 ok,
+//! 1 a network or provisioning failure, 2 bad input or usage.
 
 mod args;
 mod clean;

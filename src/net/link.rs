@@ -1,4 +1,4 @@
-//! Choosing the NIC and bringing its link up (docs/DESIGN.md §4).
+//! Choosing the NIC and bringing its link up (docs/contracts.md, "Protocol rules").
 //!
 //! Candidates are Ethernet interfaces backed by a device (not loopback, bridges, bonds, VLANs,
 //! veth or tun pairs). An interface that shares its MAC with an `hv_netvsc` interface but has

@@ -1,5 +1,5 @@
-//! The run's KVP report (docs/DESIGN.md, "KVP"): the `PROVISIONING_REPORT` record written into
-//! the root's guest pool and served from the initramfs, before the health POST, so that the
+//! The run's KVP report (docs/contracts.md, "KVP"): the `PROVISIONING_REPORT` record written
+//! into the root's guest pool and served from the initramfs, before the health POST, so that the
 //! host can read why provisioning failed even when the WireServer cannot be reached.
 
 use super::sysroot::kvp::{BootClock, Freshness};

@@ -1,6 +1,6 @@
 //! Merging ovf-env.xml and IMDS into one validated [`ProvisioningData`], keeping where each
-//! value came from. IMDS wins where both have a value (docs/DESIGN.md §3); the password and custom
-//! data exist only in ovf-env.xml, user data only in IMDS.
+//! value came from. IMDS wins where both have a value (docs/contracts.md, "The file
+//! contract"); the password and custom data exist only in ovf-env.xml, user data only in IMDS.
 
 use super::data::{
     Hostname, Invalid, KeyEntry, ProvisioningData, Source, SshKey, Username, SSH_KEYS_MAX,

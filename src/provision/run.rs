@@ -1,5 +1,5 @@
-//! The provisioning run of docs/DESIGN.md §2, from "already provisioned?" to "teardown", shared by
-//! hook mode (`azprov provision --root`) and PID 1 mode.
+//! The provisioning run of docs/DESIGN.md, "Bird's-eye view", from "already provisioned?" to
+//! "teardown", shared by hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::fstab;
 use super::hostkeys::{self, Keygen};
@@ -145,8 +145,8 @@ pub fn early_keygen(opts: &Options) -> Option<Keygen> {
 }
 
 /// Runs the whole provisioning into `opts.root` and reports to Azure: the stages of
-/// docs/DESIGN.md §2 from "already provisioned?" to "teardown", one log line each with its
-/// duration. The result is also the `--json` summary.
+/// docs/DESIGN.md, "Bird's-eye view", from "already provisioned?" to "teardown", one log
+/// line each with its duration. The result is also the `--json` summary.
 pub fn provision(opts: &Options) -> Summary {
     provision_with(opts, None)
 }

@@ -13,17 +13,17 @@ pub struct Written {
     pub user_created: bool,
 }
 
-/// Writes all of `data` into the root as docs/DESIGN.md §3 lists it, the marker last, in two
-/// chains beside each other: the account (user, then its keys, then sudoers: no sudoers line
-/// for a user name that was refused) and the system files (hostname, sshd, custom data, user
-/// data, the IMDS document), in one batch ([`Sysroot::batch`]): every file is written to its
-/// temporary, one syncfs makes them durable, they are renamed and synced again (after shadow
+/// Writes all of `data` into the root as docs/contracts.md, "The file contract", lists it, the
+/// marker last, in two chains beside each other: the account (user, then its keys, then sudoers: no
+/// sudoers line for a user name that was refused) and the system files (hostname, sshd, custom
+/// data, user data, the IMDS document), in one batch ([`Sysroot::batch`]): every file is written to
+/// its temporary, one syncfs makes them durable, they are renamed and synced again (after shadow
 /// too, so passwd never names a missing group on disk), so every file is the old or the new one
-/// after a crash and all are on disk before the marker says so. Two chains let the journal
-/// commit both threads' changes together. When both fail, the reason is the
-/// failed step that comes first in the contract's order. Each step's failure has its own
-/// [`Reason`]; a failed syncfs is the marker's. `hash` is `data.password` hashed already
-/// ([`hash_password`]); when it is None the password is hashed here.
+/// after a crash and all are on disk before the marker says so. Two chains let the journal commit
+/// both threads' changes together. When both fail, the reason is the failed step that comes first
+/// in the contract's order. Each step's failure has its own [`Reason`]; a failed syncfs is the
+/// marker's. `hash` is `data.password` hashed already ([`hash_password`]); when it is None the
+/// password is hashed here.
 ///
 /// Before the marker, `owed` is saved as the state with the report `pending`: from the moment
 /// the marker says "provisioned", the state on disk says Ready is still owed, so a run cut
@@ -76,7 +76,8 @@ pub fn write_all(
     })
 }
 
-/// A failed step: its place in the contract's order (docs/DESIGN.md §3), and the failure.
+/// A failed step: its place in the contract's order (docs/contracts.md, "The file contract"),
+/// and the failure.
 type Step = (u8, Failure);
 
 /// The contract's steps in order, with the files each writes (as the end of a host path).

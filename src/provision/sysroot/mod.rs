@@ -1,8 +1,8 @@
-//! The mounted real root (docs/DESIGN.md §3): paths resolved inside it the way a chroot would
-//! see them (a symlink that would lead out of it is refused), and atomic writes (temp file in
-//! the same directory, fsync, rename, fsync of the directory; in a batch, every temp file, one
-//! syncfs, the renames, one syncfs) with mode and owner set before the rename. The account
-//! files are edited in `accounts`, the other files of the contract written in `files`. No
+//! The mounted real root (docs/contracts.md, "The file contract"): paths resolved inside it the way
+//! a chroot would see them (a symlink that would lead out of it is refused), and atomic writes
+//! (temp file in the same directory, fsync, rename, fsync of the directory; in a batch, every temp
+//! file, one syncfs, the renames, one syncfs) with mode and owner set before the rename. The
+//! account files are edited in `accounts`, the other files of the contract written in `files`. No
 //! useradd, passwd or hostnamectl: an initramfs has none of them.
 
 mod accounts;

@@ -1,0 +1,161 @@
+//! The design documents stay a map of the code: every reference to one from src/ names a
+//! document that exists and, where it quotes a section, a heading that document has; and
+//! DESIGN.md's code map names every module.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn top() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every .rs file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("read_dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The `## ` and `### ` headings of a markdown file.
+fn headings(doc: &str) -> Vec<String> {
+    doc.lines()
+        .filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### ")))
+        .map(|h| h.replace('`', ""))
+        .collect()
+}
+
+/// The references in `text`: the document's name and, when one follows it as `, "…"`, the
+/// section quoted (a comment may break the quote over lines: `//!` and `///` are dropped).
+fn references(text: &str) -> Vec<(String, Option<String>)> {
+    let flat: String = text
+        .lines()
+        .map(|l| {
+            let t = l.trim_start();
+            t.strip_prefix("//!")
+                .or_else(|| t.strip_prefix("///"))
+                .or_else(|| t.strip_prefix("//"))
+                .unwrap_or(l)
+                .trim()
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut refs = Vec::new();
+    let mut rest = flat.as_str();
+    while let Some(at) = rest.find("docs/") {
+        rest = &rest[at + "docs/".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-' || *c == '.')
+            .collect();
+        let Some(name) = name.strip_suffix('.').map(str::to_owned).or(Some(name)) else {
+            continue;
+        };
+        if !name.ends_with(".md") {
+            continue;
+        }
+        let after = &rest[name.len()..];
+        let section = after
+            .strip_prefix(", \"")
+            .and_then(|s| s.split_once('"'))
+            .map(|(q, _)| q.to_owned());
+        refs.push((name, section));
+    }
+    refs
+}
+
+#[test]
+fn every_reference_from_src_to_a_design_document_resolves() {
+    let mut files = Vec::new();
+    rust_files(&top().join("src"), &mut files);
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in &files {
+        let text = fs::read_to_string(file).expect("read");
+        assert!(
+            !text.contains("DESIGN.md §"),
+            "{}: the documents' headings have no numbers; quote the heading instead",
+            file.display()
+        );
+        for (name, section) in references(&text) {
+            checked += 1;
+            let Ok(doc) = fs::read_to_string(top().join("docs").join(&name)) else {
+                broken.push(format!("{}: docs/{name} does not exist", file.display()));
+                continue;
+            };
+            if let Some(section) = section {
+                if !headings(&doc).iter().any(|h| h.starts_with(&section)) {
+                    broken.push(format!(
+                        "{}: docs/{name} has no heading \"{section}\"",
+                        file.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "only {checked} references found: the scan is broken"
+    );
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_code_map_names_every_module() {
+    let design = fs::read_to_string(top().join("docs/DESIGN.md")).expect("DESIGN.md");
+    let start = design.find("## Code map").expect("a Code map section");
+    let map = &design[start..];
+    let map = &map[..map[3..].find("\n## ").map_or(map.len(), |e| e + 3)];
+    let mut files = Vec::new();
+    rust_files(&top().join("src"), &mut files);
+    let mut missing = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(top().join("src")).expect("under src");
+        let name = rel.file_name().and_then(|n| n.to_str()).expect("name");
+        // unit tests beside a module are the module's
+        if name == "tests.rs" || rel.components().any(|c| c.as_os_str() == "tests") {
+            continue;
+        }
+        let key = if name == "mod.rs" {
+            let folder = rel.parent().and_then(Path::file_name).expect("folder");
+            format!("{}/", folder.to_string_lossy())
+        } else {
+            name.to_owned()
+        };
+        if !map.contains(&key) {
+            missing.push(rel.display().to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/DESIGN.md's code map does not name: {}",
+        missing.join(", ")
+    );
+}
+
+#[test]
+fn the_design_map_is_at_most_32_kb() {
+    let len = fs::metadata(top().join("docs/DESIGN.md"))
+        .expect("DESIGN.md")
+        .len();
+    assert!(len <= 32 * 1024, "docs/DESIGN.md is {len} bytes");
+}
+
+#[test]
+fn references_are_read_across_comment_lines() {
+    let text = "//! see docs/contracts.md, \"The file\n//! contract\"; and docs/DESIGN.md.";
+    assert_eq!(
+        references(text),
+        vec![
+            (
+                "contracts.md".to_owned(),
+                Some("The file contract".to_owned())
+            ),
+            ("DESIGN.md".to_owned(), None),
+        ]
+    );
+}
