@@ -856,7 +856,7 @@ def run_growroot_powercut(ctx):
         cd = make_cd(work, "e2e-cut")
         sectors = 256 << 11
         # a cut at the first write touching each sector of the table, in growroot's order
-        # (early::grow): the protective MBR, the backup array (whole, and torn after 16 of its
+        # (disk::grow): the protective MBR, the backup array (whole, and torn after 16 of its
         # 32 sectors) and header at the new end, the primary's entry sector, its header, and
         # last a cut after the table, while the filesystem grows. What the kernel then reads:
         # the old primary, none (until PID 1 puts it back), or the new one

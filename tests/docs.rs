@@ -1,6 +1,7 @@
 //! The design documents stay a map of the code: every reference to one from src/ names a
-//! document that exists and, where it quotes a section, a heading that document has; and
-//! DESIGN.md's code map names every module.
+//! document that exists and, where it quotes a section, a heading that document has;
+//! DESIGN.md's code map names every module and stays within 32 KB; README.md stays within 200
+//! lines.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -157,5 +158,15 @@ fn references_are_read_across_comment_lines() {
             ),
             ("DESIGN.md".to_owned(), None),
         ]
+    );
+}
+
+#[test]
+fn the_readme_is_at_most_200_lines() {
+    let readme = fs::read_to_string(top().join("README.md")).expect("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines; details go to docs/"
     );
 }

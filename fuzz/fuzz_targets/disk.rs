@@ -1,7 +1,7 @@
 //! Disk probing on an untrusted disk: superblocks and partition tables never panic, and never
 //! ask for more than a bounded read whatever a header claims.
 #![no_main]
-use azprov::early::block::{probe_fs, probe_table};
+use azprov::disk::block::{probe_fs, probe_table};
 use libfuzzer_sys::fuzz_target;
 
 /// The largest single read the probes may ask for (the GPT entry array bound).

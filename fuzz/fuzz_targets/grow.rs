@@ -4,7 +4,7 @@
 //! plan's writes (a power cut), the next boot's `restore` (when it finds the primary unsound)
 //! and plan find no corrupt table. Sectors of 512 or 4096 bytes.
 #![no_main]
-use azprov::early::grow::{plan, restore, Skip};
+use azprov::disk::grow::{plan, restore, Skip};
 use libfuzzer_sys::fuzz_target;
 
 const MAX_READ: usize = 1 << 20;

@@ -4,7 +4,8 @@
 
 use crate::deadline::Deadline;
 use crate::early::modules::OnDemand;
-use crate::sys::mount::{self, DriveStatus, MntFlags, MsFlags};
+use crate::sys::block::{self, DriveStatus};
+use crate::sys::mount::{self, MntFlags, MsFlags};
 use crate::sys::Errno;
 use std::fs;
 use std::io::Read;
@@ -264,7 +265,7 @@ pub fn read_ovf(
 fn disc_ready(device: &Path, deadline: Deadline) -> bool {
     let limit = deadline.min(Duration::from_secs(10));
     loop {
-        match mount::drive_status(device) {
+        match block::drive_status(device) {
             Ok(DriveStatus::DiscOk) => return true,
             Ok(
                 s @ (DriveStatus::NoDisc
@@ -407,7 +408,7 @@ mod tests {
     fn an_ordinary_file_is_not_a_cdrom() {
         let f = std::env::temp_dir().join(format!("azprov-notcd-{}", std::process::id()));
         fs::write(&f, b"").unwrap();
-        assert!(mount::drive_status(&f).is_err());
+        assert!(block::drive_status(&f).is_err());
         fs::remove_file(&f).unwrap();
     }
 }

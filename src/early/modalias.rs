@@ -54,41 +54,6 @@ fn bus(alias: &str) -> Option<Bus> {
     }
 }
 
-/// `name` against a modules.alias pattern: `*` any run, `?` any one character, as fnmatch
-/// without classes. A pattern with a class (`[`, which no PCI or virtio alias has) matches
-/// everything: better a driver too many than a device without one.
-pub fn matches(pattern: &str, name: &str) -> bool {
-    if pattern.contains('[') {
-        return true;
-    }
-    let (p, n) = (pattern.as_bytes(), name.as_bytes());
-    let (mut i, mut j) = (0, 0);
-    // where the last `*` was, and the name position it is matched up to
-    let mut star: Option<(usize, usize)> = None;
-    while j < n.len() {
-        match p.get(i) {
-            Some(b'*') => {
-                star = Some((i, j));
-                i += 1;
-            }
-            Some(&c) if c == b'?' || Some(&c) == n.get(j) => {
-                i += 1;
-                j += 1;
-            }
-            _ => match star {
-                Some((si, sj)) => {
-                    i = si + 1;
-                    j = sj + 1;
-                    star = Some((si, sj + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p.get(i..)
-        .is_some_and(|rest| rest.iter().all(|&c| c == b'*'))
-}
-
 /// A hex field of a PCI modalias (`v00001AF4`, `d00001041`, `sv…`, `sd…`), by its key.
 fn field(modalias: &str, key: &str) -> Option<u32> {
     // the keys in order: v, d, sv, sd, bc; each value 8 hex digits but the class bytes
@@ -189,7 +154,7 @@ impl Devices {
                 },
             };
             match seen {
-                Some(devs) if devs.iter().any(|d| matches(alias, d)) => return None,
+                Some(devs) if devs.iter().any(|d| crate::glob::matches(alias, d)) => return None,
                 Some(_) => {}
                 None => judged_all = false,
             }
@@ -450,24 +415,6 @@ mod tests {
             None
         );
         assert_eq!(virtio_of_pci("garbage"), None);
-    }
-
-    #[test]
-    fn patterns_as_kmod_matches_them() {
-        let m = "pci:v00008086d00007111sv00001414sd00000000bc01sc01i80";
-        assert!(matches("pci:v00008086d00007111sv*sd*bc*sc*i*", m));
-        assert!(matches("pci:v00008086d00007111sv*sd*bc01sc01i*", m));
-        assert!(!matches("pci:v00008086d00007010sv*sd*bc*sc*i*", m));
-        assert!(!matches(
-            "pci:v00008086d00007111sv000015ADsd00001976bc*sc*i*",
-            m
-        ));
-        assert!(matches("pci:v*d*sv*sd*bc01sc01i??", m));
-        assert!(!matches("pci:v*d*sv*sd*bc01sc01i?", m));
-        assert!(matches("*", ""));
-        assert!(!matches("a*b", "a"));
-        assert!(matches("a*b*c", "aXbYbZc"));
-        assert!(matches("pci:[0-9]", m), "a class matches everything");
     }
 
     #[test]

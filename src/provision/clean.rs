@@ -8,13 +8,11 @@
 
 use super::hostkeys::SSH_DIR;
 use super::state::State;
-use super::sysroot::{Sysroot, WriteError, LOG_FILE, STATE_DIR};
+use super::sysroot::{Sysroot, WriteError, LOG_FILE, SSHD_DROP_IN, STATE_DIR, SUDOERS};
 use serde::Serialize;
 use std::fs;
 use std::path::Path;
 
-pub const SUDOERS: &str = "/etc/sudoers.d/90-azprov";
-pub const SSHD_DROP_IN: &str = "/etc/ssh/sshd_config.d/50-azprov.conf";
 const MACHINE_ID: &str = "/etc/machine-id";
 
 type IsLease = fn(&str) -> bool;

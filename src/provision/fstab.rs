@@ -11,7 +11,7 @@
 use super::sysroot::Sysroot;
 use super::{Failure, Reason};
 use crate::config::RootSpec;
-use crate::early::block;
+use crate::disk::block;
 use nix::mount::{MntFlags, MsFlags};
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! larger than the uploaded image, and users enlarge it later; cloud-init (growpart and
 //! resize2fs) and Ubuntu's initramfs do this, so an image that drops cloud-init for azprov
 //! must not lose it. The root's partition, when it is the last on its disk, is extended to the
-//! disk's end (`early::grow` plans the table; the writes go in its safe order, each direct
+//! disk's end (`disk::grow` plans the table; the writes go in its safe order, each direct
 //! and synced),
 //! the kernel told (BLKPG), and the filesystem grown online by its own ioctl (ext4
 //! EXT4_IOC_RESIZE_FS, xfs XFS_IOC_FSGROWFSDATA, btrfs BTRFS_IOC_RESIZE "1:max"). Skipped with
@@ -10,7 +10,7 @@
 //! 1 MiB to gain, another filesystem, a btrfs on several devices. `azprov.growroot=0` turns
 //! it off. Runs on the mounted root in both modes, before anything is written into it.
 
-use crate::early::grow::{self, Skip};
+use crate::disk::grow::{self, Skip};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -77,7 +77,7 @@ fn ext4_blocks(dev: &Path) -> Option<(u64, u64)> {
     let f = File::open(dev).ok()?;
     let mut sb = vec![0u8; 1024];
     f.read_exact_at(&mut sb, 1024).ok()?;
-    let le32 = |at: usize| crate::early::block::le32(&sb, at);
+    let le32 = |at: usize| crate::disk::block::le32(&sb, at);
     let log = le32(24)?;
     if log > 6 {
         return None;
@@ -99,7 +99,7 @@ fn btrfs_dev_bytes(dev: &Path) -> Option<u64> {
     let f = File::open(dev).ok()?;
     let mut sb = vec![0u8; 4096];
     f.read_exact_at(&mut sb, 65536).ok()?;
-    let le64 = |at: usize| crate::early::block::le64(&sb, at);
+    let le64 = |at: usize| crate::disk::block::le64(&sb, at);
     if sb.get(0x40..0x48)? != b"_BHRfS_M" || le64(0x88)? != 1 || le64(0xc9)? != 1 {
         return None;
     }
@@ -196,7 +196,7 @@ fn grow_partition(
         log::info!("growroot: {}: {note}", table.disk.display());
     }
     write_in_order(table.disk, &plan.writes)?;
-    crate::sys::mount::resize_partition(
+    crate::sys::block::resize_partition(
         &f,
         number as i32,
         plan.start * plan.sector,
@@ -250,7 +250,7 @@ pub fn restore_tables(
             continue;
         };
         match write_in_order(&path, &fix)
-            .and_then(|()| crate::sys::mount::reread_partitions(&f).map_err(|e| e.to_string()))
+            .and_then(|()| crate::sys::block::reread_partitions(&f).map_err(|e| e.to_string()))
         {
             Ok(()) => {
                 log::warn!(
@@ -302,14 +302,14 @@ pub fn run<G>(
     let node = dev.join(&d.name);
     // each filesystem's grow ioctl goes to its mounted root
     let dir = File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
-    match crate::early::block::probe_device(&node).map(|i| i.fstype) {
+    match crate::disk::block::probe_device(&node).map(|i| i.fstype) {
         Some("ext4") => {
             let (bs, blocks) = ext4_blocks(&node).ok_or("cannot read the ext4 superblock")?;
             let target = part_bytes / bs;
             if target > blocks && (target - blocks) * bs >= grow::MIN_GAIN {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
-                crate::sys::mount::ext4_resize(&dir, target)
+                crate::sys::block::ext4_resize(&dir, target)
                     .map_err(|e| format!("ext4 resize of {}: {e}", d.name))?;
                 done.push(format!(
                     "ext4 {} MiB -> {} MiB in {} ms",
@@ -320,19 +320,19 @@ pub fn run<G>(
             }
         }
         Some("xfs") => {
-            let geo = crate::sys::mount::xfs_geometry(&dir)
+            let geo = crate::sys::block::xfs_geometry(&dir)
                 .map_err(|e| format!("xfs geometry of {}: {e}", d.name))?;
             let bs = u64::from(geo.block_size.max(512));
             let target = part_bytes / bs;
             if target > geo.data_blocks && (target - geo.data_blocks) * bs >= grow::MIN_GAIN {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
-                crate::sys::mount::xfs_grow(&dir, target, geo.imaxpct)
+                crate::sys::block::xfs_grow(&dir, target, geo.imaxpct)
                     .map_err(|e| format!("xfs grow of {}: {e}", d.name))?;
                 // the grow is committed to the log only; a 6.1 kernel that must replay it
                 // after a power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond
                 // the old superblock's size). A freeze writes it home and quiesces the log.
-                crate::sys::mount::freeze_thaw(&dir)
+                crate::sys::block::freeze_thaw(&dir)
                     .map_err(|e| format!("xfs freeze after the grow of {}: {e}", d.name))?;
                 done.push(format!(
                     "xfs {} MiB -> {} MiB in {} ms",
@@ -348,7 +348,7 @@ pub fn run<G>(
             if part_bytes > size && part_bytes - size >= grow::MIN_GAIN {
                 guard.get_or_insert_with(&writable);
                 let t = Instant::now();
-                crate::sys::mount::btrfs_resize_max(&dir)
+                crate::sys::block::btrfs_resize_max(&dir)
                     .map_err(|e| format!("btrfs resize of {}: {e}", d.name))?;
                 done.push(format!(
                     "btrfs {} MiB -> {} MiB in {} ms",
@@ -377,7 +377,7 @@ pub fn run<G>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::early::grow::tests::{reader, sfdisk};
+    use crate::disk::grow::tests::{reader, sfdisk};
 
     /// A 64 MiB GPT disk image (sfdisk) grown from 32 MiB, cut between the primary's entry
     /// sector and its header: the kernel would find no partition on it.

@@ -1,6 +1,7 @@
 //! Files relative to a directory handle (openat, renameat): how a process that outlives the
 //! initramfs keeps writing into the real root after switch_root moved it away from the path
 //! it had when the handle was opened.
+#![allow(unsafe_code)]
 
 use super::Errno;
 use nix::fcntl::{openat, renameat, OFlag};

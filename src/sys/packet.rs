@@ -1,6 +1,7 @@
 //! An AF_PACKET/SOCK_DGRAM socket bound to one interface for IPv4 frames: DHCP runs before the
 //! interface has an address, so ordinary UDP sockets cannot be used. The kernel adds and strips
 //! the Ethernet header.
+#![allow(unsafe_code)]
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};

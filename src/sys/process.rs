@@ -1,4 +1,5 @@
 //! PID 1 duties: reaping children, powering off or rebooting.
+#![allow(unsafe_code)]
 
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -153,8 +154,10 @@ pub fn inherited(n: i32) -> Option<std::fs::File> {
 
 /// SIGHUP to `pid` (a daemon's reload: sshd re-executes and reads its host keys again).
 pub fn hangup(pid: i32) -> Result<(), Errno> {
-    // SAFETY: kill(2) takes plain integers; the result is checked.
-    Errno::result(unsafe { libc::kill(pid, libc::SIGHUP) }).map(drop)
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
 }
 
 /// Back to the normal policy and nice 0 for the calling thread: what it does is now awaited
@@ -166,19 +169,24 @@ pub fn normal_priority() {
 
 /// sched_setscheduler(2) for the calling thread, priority 0; false when refused.
 fn set_policy(policy: libc::c_int) -> bool {
-    // SAFETY: sched_param is plain integers (musl adds timespecs), so all zeroes is a valid
-    // value: priority 0, which SCHED_IDLE and SCHED_OTHER require.
-    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    /// The kernel's struct sched_param (include/uapi/linux/sched/types.h): one int. musl's
+    /// libc::sched_param adds fields the system call never reads.
+    #[repr(C)]
+    struct SchedParam {
+        sched_priority: libc::c_int,
+    }
+    // priority 0, which SCHED_IDLE and SCHED_OTHER require
+    let param = SchedParam { sched_priority: 0 };
     // The raw system call: musl's sched_setscheduler() returns ENOSYS by design (POSIX makes
     // the policy process-wide, Linux keeps it per thread).
-    // SAFETY: plain syscall on the calling thread (pid 0) with a valid sched_param that
+    // SAFETY: plain syscall on the calling thread (pid 0) with the kernel's sched_param, which
     // outlives it; the result is checked.
     let set = unsafe {
         libc::syscall(
             libc::SYS_sched_setscheduler,
             0,
             policy,
-            &param as *const libc::sched_param,
+            &param as *const SchedParam,
         )
     };
     if set != 0 {

@@ -1,5 +1,6 @@
 //! Extended attributes of one file, not following a last symlink (nix has no wrapper): the
 //! `security.selinux` label azprov gives what it writes into a root.
+#![allow(unsafe_code)]
 
 use super::Errno;
 use std::ffi::CString;

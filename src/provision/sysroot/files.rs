@@ -3,15 +3,18 @@
 
 use super::accounts::Account;
 use super::{includes, io_err, Sysroot, WriteError, MARKER, STATE_DIR};
-use crate::provision::clean::{SSHD_DROP_IN, SUDOERS};
-
-/// sshd's main configuration file.
-pub const SSHD_CONFIG: &str = "/etc/ssh/sshd_config";
 use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path};
+
+/// sshd's main configuration file.
+pub const SSHD_CONFIG: &str = "/etc/ssh/sshd_config";
+/// The sudoers drop-in azprov writes (and `clean --user` removes).
+pub const SUDOERS: &str = "/etc/sudoers.d/90-azprov";
+/// The sshd drop-in azprov writes where sshd_config includes sshd_config.d first.
+pub const SSHD_DROP_IN: &str = "/etc/ssh/sshd_config.d/50-azprov.conf";
 
 impl Sysroot {
     pub fn write_hostname(&self, h: &Hostname) -> Result<(), WriteError> {

@@ -50,7 +50,7 @@ fn include_covers(arg: &str, drop_in: &str) -> bool {
     // a bracket class is left to sshd: azprov then writes into sshd_config, which counts anyway
     dir == want_dir
         && !pattern.contains('[')
-        && crate::early::modalias::matches(&pattern, &name.to_string_lossy())
+        && crate::glob::matches(&pattern, &name.to_string_lossy())
 }
 
 /// Whether sshd, reading `config`, takes `PasswordAuthentication` from `drop_in` first

@@ -15,7 +15,7 @@ pub mod label;
 mod owners;
 
 pub use accounts::{hash_password, Account};
-pub use files::SSHD_CONFIG;
+pub use files::{SSHD_CONFIG, SSHD_DROP_IN, SUDOERS};
 pub use owners::Owners;
 
 use atomic::{sync_dir, write_temp};
