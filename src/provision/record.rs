@@ -56,6 +56,38 @@ fn write(dir: &Path, record: &BootRecord) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(FILE))
 }
 
+/// Appends this run's log lines (`run`) to the root's log file, keeping the newest
+/// [`LOG_MAX`] bytes. A failure is a warning: the journal and the console have every line.
+pub fn save_log(root: &super::sysroot::Sysroot, run: &[u8]) {
+    use super::sysroot::LOG_FILE;
+    let saved = root.mkdir("/var/log", 0o755, (0, 0)).and_then(|_| {
+        let earlier = root.read(LOG_FILE).ok().flatten().unwrap_or_default();
+        root.write(LOG_FILE, &appended(earlier, run, LOG_MAX), 0o640, (0, 0))
+    });
+    if let Err(e) = saved {
+        log::warn!("cannot write {LOG_FILE}: {e}");
+    }
+}
+
+/// The log file keeps at most this much: the newest runs, whole lines.
+const LOG_MAX: usize = 256 * 1024;
+
+/// `earlier` runs' log with this run's lines after it, cut from the front at a line boundary
+/// to at most `max` bytes.
+fn appended(mut earlier: Vec<u8>, run: &[u8], max: usize) -> Vec<u8> {
+    earlier.extend_from_slice(run);
+    if earlier.len() <= max {
+        return earlier;
+    }
+    let cut = earlier.len() - max;
+    let start = earlier
+        .iter()
+        .skip(cut)
+        .position(|&b| b == b'\n')
+        .map_or(earlier.len(), |i| cut + i + 1);
+    earlier.split_off(start)
+}
+
 /// This boot's record under `dir`, if there is one that parses.
 pub fn load(dir: &Path) -> Option<BootRecord> {
     let bytes = std::fs::read(dir.join(FILE)).ok()?;
@@ -86,5 +118,16 @@ mod tests {
         assert_eq!(r.summary["schema"], 1);
         assert_eq!(r.root, "/sysroot");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_log_keeps_the_newest_whole_lines_within_its_cap() {
+        assert_eq!(appended(b"a\n".to_vec(), b"b\n", 10), b"a\nb\n");
+        assert_eq!(
+            appended(b"one\ntwo\n".to_vec(), b"three\n", 12),
+            b"two\nthree\n"
+        );
+        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"three\n", 9), b"three\n");
+        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"3\n", 7), b"two\n3\n");
     }
 }

@@ -1,6 +1,7 @@
 //! The provisioning run of docs/DESIGN.md, "Bird's-eye view", from "already provisioned?" to
 //! "teardown", shared by hook mode (`azprov provision --root`) and PID 1 mode.
 
+use super::data::ProvisioningData;
 use super::fstab;
 use super::hostkeys::{self, Keygen};
 use super::kvp::KvpReport;
@@ -9,17 +10,19 @@ pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
 use super::stages::{
     finish_host_keys_later, install_host_keys, ms, network, prepare_network, record_report,
-    release_network, report, report_deadline, wireserver_addr, writable, Stage,
+    release_network, report, report_deadline, wireserver_addr, writable, NetStart, Stage,
 };
-use super::state::{Acked, State, UNKNOWN_VM};
+use super::state::{State, UNKNOWN_VM};
 pub use super::summary::{Report, Summary};
 use super::sysroot::{self, Sysroot};
+use super::write::Written;
 use super::{Failure, Reason};
 use crate::azure::http::{Client, HttpError, TransportKind};
 use crate::azure::ovf::{self, OvfEnv};
-use crate::azure::wireserver::WireServer;
+use crate::azure::wireserver::{Reported, WireServer};
 use crate::azure::{imds, media, platform, vmid};
 use crate::deadline::Deadline;
+use crate::net::apply::Applied;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -162,240 +165,324 @@ pub fn provision_with(opts: &Options, keygen: Option<Keygen>) -> Summary {
 }
 
 /// `provision_with` into a given [`Sysroot`]: one whose owners are only recorded
-/// ([`sysroot::Owners::recording`]) lets a whole run go without root in tests.
-pub fn provision_in(opts: &Options, root: &Sysroot, mut keygen: Option<Keygen>) -> Summary {
-    let t0 = Instant::now();
+/// ([`sysroot::Owners::recording`]) lets a whole run go without root in tests. The stages of
+/// docs/DESIGN.md's diagram, in order; each is a method of [`Run`] below.
+pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> Summary {
     let capture = crate::logger::Capture::install();
-    log::info!(
-        "azprov {} ({}), root {}",
-        crate::VERSION,
-        if opts.remount { "hook" } else { "PID 1" },
-        opts.root.display()
-    );
-    let mut s = Summary::new(vmid::read(&opts.dmi, &opts.sys));
-    if opts.disable {
-        log::info!("disabled on the kernel command line; not provisioning");
-        s.report = Report::Disabled;
-        return s;
+    let mut run = Run::begin(opts, root);
+    if let Some(report) = run.not_to_provision() {
+        return run.end_elsewhere(report, keygen);
     }
-    if !opts.force && !platform::is_azure(&opts.dmi) {
-        let tag = platform::asset_tag(&opts.dmi);
-        log::info!(
-            "not an Azure VM (DMI chassis asset tag {}); nothing to do (azprov.force or --force provisions anyway)",
-            tag.as_deref().map_or_else(|| "absent".into(), |t| format!("{t:?}"))
-        );
-        s.report = Report::NotAzure;
-        // a cleaned image booted elsewhere: sshd needs host keys, and they need no packet
-        if opts.host_keys && super::hostkeys::none_in(root) {
-            log::info!("host keys: the root has none; making them (no network needed)");
-            let _writable = writable(opts);
-            let generated = keygen.map_or_else(
-                || hostkeys::generate(&opts.sys, &opts.host_key_types),
-                Keygen::join,
-            );
-            install_host_keys(root, generated, &mut s);
-            finish_host_keys_later(root, &s, false);
-        }
-        s.timings_ms.total = ms(t0.elapsed());
-        return s;
-    }
-    // the root grows to its disk on every boot, before anything is written into it; only a
-    // root that is a mount point of its own (never a directory of the host in tests)
-    if opts.growroot && is_mount_point(&opts.root) {
-        let grown = super::growroot::run(&opts.root, &opts.sys, &opts.dev, || writable(opts));
-        let line = grown.unwrap_or_else(|why| format!("skipped: {why}"));
-        log::info!("growroot: {line}");
-        s.growroot = Some(line);
-    }
-    // What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run and
-    // unmounted on every way out: the marker itself may live on /var.
-    let (_mounted, mount_failure) =
-        match fstab::mount_for_writes(root, &opts.sys.join("class/block"), &opts.dev) {
-            Ok(m) => (m, None),
-            Err(f) => {
-                log::error!("{f}");
-                (fstab::Mounted::default(), Some(f))
-            }
-        };
+    run.grow_root();
+    // what fstab mounts on azprov's paths, unmounted on every way out (the marker may be on /var)
+    let (_mounted, mount_failure) = run.mount_fstab();
     let fstab_ok = mount_failure.is_none();
     remove_stale_temporaries(opts, root);
-    if !opts.force {
-        if let Some(why) = already_provisioned(root, &opts.dmi, &opts.sys) {
-            log::info!("already provisioned ({why}); nothing to do");
-            s.report = Report::Skipped;
-            s.vm_id = s.vm_id.or_else(|| root.read_marker());
-            finish_provisioned(opts, root, &mut s, keygen);
-            s.timings_ms.total = ms(t0.elapsed());
-            return s;
-        }
+    if let Some(why) = run.already_provisioned() {
+        return run.end_provisioned(&why, keygen);
     }
     let deadline = Deadline::after(opts.timeout);
     root.set_deadline(deadline);
     let earlier = State::load(root);
-    let earlier = earlier.as_ref();
-    // Read-only again when this run ends, whichever way.
+    // read-only again when this run ends, whichever way
     let _writable = writable(opts);
-    // New host keys for the new VM, made beside the other stages.
-    let keygen = opts.host_keys.then(|| {
-        keygen
-            .take()
-            .unwrap_or_else(|| Keygen::start(opts.sys.clone(), &opts.host_key_types))
-    });
-
-    // The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
-    // packet carries the OVF's HostName, nothing before it needs the OVF.
-    let timings = &mut s.timings_ms;
-    let (ovf, net_start) = std::thread::scope(|sc| {
-        let media_ms = &mut timings.media;
-        let media = sc.spawn(|| {
-            let dl = deadline.min(opts.timeout / MEDIA_SHARE);
-            Stage::start("media").recoverable().run(
-                media_ms,
-                || read_media(opts, dl),
-                describe_media,
-            )
-        });
-        // an SELinux root's file contexts (thousands of lines) are read while the network
-        // comes up, not when the first write needs them
-        sc.spawn(|| root.labels().is_some());
-        let net_start = prepare_network(opts, deadline);
-        let ovf = media.join().unwrap_or_else(|_| {
-            Err(Failure::new(
-                Reason::Internal,
-                "panic while reading the provisioning media",
-            ))
-        });
-        (ovf, net_start)
-    });
-    let ovf_env = ovf.as_ref().ok().and_then(Option::as_ref);
-    // The password's SHA-512 crypt (tens of ms of CPU under emulation) is made while DHCP and
-    // IMDS are waited for; merge takes the password from the OVF only.
-    let hashing = ovf_env
-        .and_then(|o| o.password.clone())
-        .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)));
-    let ovf_hostname = ovf_env.map(|o| o.hostname.clone());
-
-    let network = network(
-        opts.wireserver,
-        net_start,
-        ovf_hostname.as_deref(),
-        &mut s.timings_ms.dhcp,
-    );
+    // new host keys for the new VM, made beside the other stages
+    let keygen = opts
+        .host_keys
+        .then(|| keygen.unwrap_or_else(|| Keygen::start(opts.sys.clone(), &opts.host_key_types)));
+    let (ovf, net_start) = run.media_and_link(deadline);
+    let hashing = hash_beside(&ovf);
+    let network = run.dhcp(net_start, &ovf);
     let client = Client::new();
     let ws = WireServer {
         client: &client,
         addr: wireserver_addr(opts.wireserver, &network),
     };
+    let data = run.imds_and_merge(&network, &ws, &ovf, deadline);
+    let written = run.write(data, hashing, earlier.as_ref(), mount_failure);
+    // never into /var when the filesystem fstab mounts there is missing
+    let kvp = KvpReport::start(&opts.kvp_device, fstab_ok.then_some(root));
+    let acked = run.report(&ws, &kvp, &written, report_deadline(&network, deadline));
+    release_network(opts.keep_network, network);
+    if let Some(k) = keygen {
+        install_host_keys(root, k.join(), &mut run.s);
+    }
+    run.save(&written, &acked, earlier.as_ref(), &capture);
+    finish_host_keys_later(root, &run.s, true);
+    kvp.finish(deadline);
+    run.s
+}
 
-    let data = network.as_ref().map_err(Clone::clone).and_then(|_| {
+/// One run into one root: what every stage reads (the options, the root) and the summary the
+/// stages fill in, each stage one method.
+struct Run<'a> {
+    opts: &'a Options,
+    root: &'a Sysroot,
+    t0: Instant,
+    s: Summary,
+    /// When the writes finished, and when Azure acknowledged the report (RFC 3339).
+    provisioned_at: Option<String>,
+    reported_at: Option<String>,
+}
+
+impl<'a> Run<'a> {
+    fn begin(opts: &'a Options, root: &'a Sysroot) -> Self {
+        log::info!(
+            "azprov {} ({}), root {}",
+            crate::VERSION,
+            if opts.remount { "hook" } else { "PID 1" },
+            opts.root.display()
+        );
+        Run {
+            opts,
+            root,
+            t0: Instant::now(),
+            s: Summary::new(vmid::read(&opts.dmi, &opts.sys)),
+            provisioned_at: None,
+            reported_at: None,
+        }
+    }
+
+    /// Disabled on the command line, or not an Azure VM: the run ends here, with this report.
+    fn not_to_provision(&self) -> Option<Report> {
+        if self.opts.disable {
+            log::info!("disabled on the kernel command line; not provisioning");
+            return Some(Report::Disabled);
+        }
+        if !self.opts.force && !platform::is_azure(&self.opts.dmi) {
+            let tag = platform::asset_tag(&self.opts.dmi);
+            log::info!(
+                "not an Azure VM (DMI chassis asset tag {}); nothing to do (azprov.force or --force provisions anyway)",
+                tag.as_deref().map_or_else(|| "absent".into(), |t| format!("{t:?}"))
+            );
+            return Some(Report::NotAzure);
+        }
+        None
+    }
+
+    /// The end of a run that does not provision. Off Azure, a cleaned image (no host keys)
+    /// still gets them: sshd needs them, and they need no packet.
+    fn end_elsewhere(mut self, report: Report, keygen: Option<Keygen>) -> Summary {
+        self.s.report = report;
+        if report == Report::Disabled {
+            return self.s;
+        }
+        if self.opts.host_keys && super::hostkeys::none_in(self.root) {
+            log::info!("host keys: the root has none; making them (no network needed)");
+            let _writable = writable(self.opts);
+            let generated = keygen.map_or_else(
+                || hostkeys::generate(&self.opts.sys, &self.opts.host_key_types),
+                Keygen::join,
+            );
+            install_host_keys(self.root, generated, &mut self.s);
+            finish_host_keys_later(self.root, &self.s, false);
+        }
+        self.s.timings_ms.total = ms(self.t0.elapsed());
+        self.s
+    }
+
+    /// The root grows to its disk on every boot, before anything is written into it; only a
+    /// root that is a mount point of its own (never a directory of the host in tests).
+    fn grow_root(&mut self) {
+        let opts = self.opts;
+        if opts.growroot && is_mount_point(&opts.root) {
+            let grown = super::growroot::run(&opts.root, &opts.sys, &opts.dev, || writable(opts));
+            let line = grown.unwrap_or_else(|why| format!("skipped: {why}"));
+            log::info!("growroot: {line}");
+            self.s.growroot = Some(line);
+        }
+    }
+
+    /// What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run; the
+    /// failure, when one is missing, fails the writes later (after the network is up).
+    fn mount_fstab(&self) -> (fstab::Mounted, Option<Failure>) {
+        let block = self.opts.sys.join("class/block");
+        match fstab::mount_for_writes(self.root, &block, &self.opts.dev) {
+            Ok(m) => (m, None),
+            Err(f) => {
+                log::error!("{f}");
+                (fstab::Mounted::default(), Some(f))
+            }
+        }
+    }
+
+    fn already_provisioned(&self) -> Option<String> {
+        if self.opts.force {
+            return None;
+        }
+        already_provisioned(self.root, &self.opts.dmi, &self.opts.sys)
+    }
+
+    /// A provisioned reboot: nothing, or what the first boot still owes (reboot.rs).
+    fn end_provisioned(mut self, why: &str, keygen: Option<Keygen>) -> Summary {
+        log::info!("already provisioned ({why}); nothing to do");
+        self.s.report = Report::Skipped;
+        self.s.vm_id = self.s.vm_id.take().or_else(|| self.root.read_marker());
+        finish_provisioned(self.opts, self.root, &mut self.s, keygen);
+        self.s.timings_ms.total = ms(self.t0.elapsed());
+        self.s
+    }
+
+    /// The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
+    /// packet carries the OVF's HostName, nothing before it needs the OVF.
+    fn media_and_link(
+        &mut self,
+        deadline: Deadline,
+    ) -> (Result<Option<OvfEnv>, Failure>, Option<NetStart>) {
+        let (opts, root) = (self.opts, self.root);
+        let media_ms = &mut self.s.timings_ms.media;
+        std::thread::scope(|sc| {
+            let media = sc.spawn(|| {
+                let dl = deadline.min(opts.timeout / MEDIA_SHARE);
+                Stage::start("media").recoverable().run(
+                    media_ms,
+                    || read_media(opts, dl),
+                    describe_media,
+                )
+            });
+            // an SELinux root's file contexts (thousands of lines) are read while the network
+            // comes up, not when the first write needs them
+            sc.spawn(|| root.labels().is_some());
+            let net_start = prepare_network(opts, deadline);
+            let ovf = media.join().unwrap_or_else(|_| {
+                Err(Failure::new(
+                    Reason::Internal,
+                    "panic while reading the provisioning media",
+                ))
+            });
+            (ovf, net_start)
+        })
+    }
+
+    fn dhcp(
+        &mut self,
+        net_start: Option<NetStart>,
+        ovf: &Result<Option<OvfEnv>, Failure>,
+    ) -> Result<Option<Applied>, Failure> {
+        let hostname = ovf_env(ovf).map(|o| o.hostname.clone());
+        network(
+            self.opts.wireserver,
+            net_start,
+            hostname.as_deref(),
+            &mut self.s.timings_ms.dhcp,
+        )
+    }
+
+    fn imds_and_merge(
+        &mut self,
+        network: &Result<Option<Applied>, Failure>,
+        ws: &WireServer,
+        ovf: &Result<Option<OvfEnv>, Failure>,
+        deadline: Deadline,
+    ) -> Result<ProvisioningData, Failure> {
+        if let Err(f) = network {
+            return Err(f.clone());
+        }
         let imds = Stage::start("imds").recoverable().run(
-            &mut s.timings_ms.imds,
-            || metadata(&opts.imds, &ws, deadline),
+            &mut self.s.timings_ms.imds,
+            || metadata(&self.opts.imds, ws, deadline),
             |m| format!("vmId {}, {} key(s)", m.vm_id, m.ssh_keys.len()),
         );
         let mut merge_ms = 0;
         Stage::start("merge").run(
             &mut merge_ms,
-            || merge(&ovf, &imds),
+            || merge(ovf, &imds),
             |d| format!("hostname {} from {}", d.hostname.0, d.hostname.1),
         )
-    });
+    }
 
-    // A bug in the writes must still reach Azure as a reason while the network is up: the
-    // stage catches the panic, and the report says "internal error".
-    let written = match data {
-        Err(f) => Err(f),
-        Ok(data) => {
-            s.describe(&data);
-            let vm_id = s.vm_id.clone().unwrap_or_else(|| UNKNOWN_VM.into());
-            // what the state says once the marker is on disk, until the report's outcome
-            // replaces it
-            let owed = State {
-                hostname: s.hostname.clone(),
-                username: s.username.clone(),
-                user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
-                host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
-                host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
-                ..State::default()
-            };
-            let write = || {
-                // never into the directory a filesystem will be mounted over
-                if let Some(f) = mount_failure {
-                    return Err(f);
-                }
-                let hash = hashing.map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(sysroot::WriteError::Corrupt("crypt panicked".into()))
-                    })
-                });
-                super::write::write_all(root, &data, hash, &vm_id, &owed)
-            };
-            Stage::start("write").run(&mut s.timings_ms.write, write, |_| {
-                format!("{} provisioned", opts.root.display())
-            })
+    /// The writes of the file contract. A bug in them must still reach Azure as a reason while
+    /// the network is up: the stage catches the panic, and the report says "internal error".
+    fn write(
+        &mut self,
+        data: Result<ProvisioningData, Failure>,
+        hashing: Option<Hashing>,
+        earlier: Option<&State>,
+        mount_failure: Option<Failure>,
+    ) -> Result<Written, Failure> {
+        let data = data?;
+        self.s.describe(&data);
+        let vm_id = self.s.vm_id.clone().unwrap_or_else(|| UNKNOWN_VM.into());
+        let owed = State::owed(&self.s, earlier);
+        let root = self.root;
+        let write = || {
+            // never into the directory a filesystem will be mounted over
+            if let Some(f) = mount_failure {
+                return Err(f);
+            }
+            let hash = hashing.map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(sysroot::WriteError::Corrupt("crypt panicked".into())))
+            });
+            super::write::write_all(root, &data, hash, &vm_id, &owed)
+        };
+        let root_path = self.opts.root.display();
+        let written = Stage::start("write").run(&mut self.s.timings_ms.write, write, |_| {
+            format!("{root_path} provisioned")
+        });
+        self.provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
+        written
+    }
+
+    /// Ready, or NotReady with the first failure's reason, to the WireServer, the KVP record
+    /// on disk and served before the POST.
+    fn report(
+        &mut self,
+        ws: &WireServer,
+        kvp: &KvpReport,
+        written: &Result<Written, Failure>,
+        deadline: Deadline,
+    ) -> Result<Reported, Failure> {
+        let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
+        let acked = report(
+            ws,
+            kvp,
+            &outcome,
+            self.s.vm_id.as_deref(),
+            deadline,
+            &mut self.s.timings_ms.report,
+        );
+        record_report(&mut self.s, &outcome, &acked);
+        self.reported_at = acked.is_ok().then(crate::time::now_rfc3339);
+        acked
+    }
+
+    /// state.json and the run's log, in the root.
+    fn save(
+        &mut self,
+        written: &Result<Written, Failure>,
+        acked: &Result<Reported, Failure>,
+        earlier: Option<&State>,
+        capture: &crate::logger::Capture,
+    ) {
+        self.s.timings_ms.total = ms(self.t0.elapsed());
+        log::info!("total: {} ms", self.s.timings_ms.total);
+        let state = State::after_run(
+            &self.s,
+            (written, self.provisioned_at.take()),
+            (acked, self.reported_at.take()),
+            earlier,
+        );
+        if let Err(e) = state.save(self.root) {
+            log::warn!("cannot write the state: {e}");
         }
-    };
-    let provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
-    let outcome = written.as_ref().map(|_| ()).map_err(Clone::clone);
-    // never into /var when the filesystem fstab mounts there is missing
-    let kvp = KvpReport::start(&opts.kvp_device, fstab_ok.then_some(root));
-    let acked = report(
-        &ws,
-        &kvp,
-        &outcome,
-        s.vm_id.as_deref(),
-        report_deadline(&network, deadline),
-        &mut s.timings_ms.report,
-    );
-    record_report(&mut s, &outcome, &acked);
-    let reported_at = acked.is_ok().then(crate::time::now_rfc3339);
+        super::record::save_log(self.root, &capture.contents());
+    }
+}
 
-    release_network(opts.keep_network, network);
-    if let Some(k) = keygen {
-        install_host_keys(root, k.join(), &mut s);
-    }
-    s.timings_ms.total = ms(t0.elapsed());
-    log::info!("total: {} ms", s.timings_ms.total);
-    let state = State {
-        vm_id: s.vm_id.clone(),
-        provisioned_at,
-        report: Some(match (&acked, &written) {
-            (Err(_), _) => Acked::Pending,
-            (Ok(_), Ok(_)) => Acked::Ready,
-            (Ok(_), Err(_)) => Acked::Failure,
-        }),
-        reported_at,
-        reason: s.reason.map(|r| r.as_str().to_string()),
-        cause: s.cause.clone(),
-        stage: s.stage.map(str::to_string),
-        version: Some(crate::VERSION.to_string()),
-        hostname: s.hostname.clone(),
-        username: s.username.clone(),
-        // a user azprov created on an earlier run (`--force`, a new VM id) is still its own
-        user_created: written.as_ref().is_ok_and(|w| w.user_created)
-            || earlier.is_some_and(|e| e.user_created && e.username == s.username),
-        host_keys_vm_id: (!s.host_keys.is_empty()).then(|| s.vm_id.clone()).flatten(),
-        host_keys: s.host_keys.clone(),
-        timings_ms: s.timings_ms,
-    };
-    if let Err(e) = state.save(root) {
-        log::warn!("cannot write the state: {e}");
-    }
-    let saved = root.mkdir("/var/log", 0o755, (0, 0)).and_then(|_| {
-        let earlier = root
-            .read(sysroot::LOG_FILE)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let log = appended(earlier, &capture.contents(), LOG_MAX);
-        root.write(sysroot::LOG_FILE, &log, 0o640, (0, 0))
-    });
-    if let Err(e) = saved {
-        log::warn!("cannot write {}: {e}", sysroot::LOG_FILE);
-    }
-    finish_host_keys_later(root, &s, true);
-    kvp.finish(deadline);
-    s
+/// A password's SHA-512 crypt on its own thread.
+type Hashing = std::thread::JoinHandle<Result<crate::secret::Secret<String>, sysroot::WriteError>>;
+
+/// The password's crypt (tens of ms of CPU under emulation), made while DHCP and IMDS are
+/// waited for; merge takes the password from the OVF only.
+fn hash_beside(ovf: &Result<Option<OvfEnv>, Failure>) -> Option<Hashing> {
+    ovf_env(ovf)
+        .and_then(|o| o.password.clone())
+        .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)))
+}
+
+fn ovf_env(ovf: &Result<Option<OvfEnv>, Failure>) -> Option<&OvfEnv> {
+    ovf.as_ref().ok().and_then(Option::as_ref)
 }
 
 /// Whether `path` is the root of a filesystem of its own (or `/`).
@@ -405,25 +492,6 @@ fn is_mount_point(path: &Path) -> bool {
         (Ok(a), Ok(b)) => a.dev() != b.dev() || a.ino() == b.ino(),
         _ => false,
     }
-}
-
-/// The log file keeps at most this much: the newest runs, whole lines.
-const LOG_MAX: usize = 256 * 1024;
-
-/// `earlier` runs' log with this run's lines after it, cut from the front at a line boundary
-/// to at most `max` bytes.
-fn appended(mut earlier: Vec<u8>, run: &[u8], max: usize) -> Vec<u8> {
-    earlier.extend_from_slice(run);
-    if earlier.len() <= max {
-        return earlier;
-    }
-    let cut = earlier.len() - max;
-    let start = earlier
-        .iter()
-        .skip(cut)
-        .position(|&b| b == b'\n')
-        .map_or(earlier.len(), |i| cut + i + 1);
-    earlier.split_off(start)
 }
 
 /// The media stage's line: what the OVF names, or that there was none.
@@ -468,20 +536,4 @@ fn metadata(url: &str, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds
         ),
     }
     m.map_err(|e| imds_failure(&e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::appended;
-
-    #[test]
-    fn the_log_keeps_the_newest_whole_lines_within_its_cap() {
-        assert_eq!(appended(b"a\n".to_vec(), b"b\n", 10), b"a\nb\n");
-        assert_eq!(
-            appended(b"one\ntwo\n".to_vec(), b"three\n", 12),
-            b"two\nthree\n"
-        );
-        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"three\n", 9), b"three\n");
-        assert_eq!(appended(b"one\ntwo\n".to_vec(), b"3\n", 7), b"two\n3\n");
-    }
 }

@@ -4,7 +4,11 @@
 //! uses it to finish what an interrupted run left (host keys not yet made for this VM id).
 //! Never holds a secret.
 
+use super::summary::Summary;
 use super::sysroot::{Sysroot, STATE_DIR};
+use super::write::Written;
+use super::Failure;
+use crate::azure::wireserver::Reported;
 use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "state.json";
@@ -66,6 +70,52 @@ pub struct State {
 }
 
 impl State {
+    /// What the state says once the marker is on disk, until the report's outcome replaces it:
+    /// the report owed, the user, and the host keys an earlier run made.
+    pub fn owed(s: &Summary, earlier: Option<&State>) -> State {
+        State {
+            hostname: s.hostname.clone(),
+            username: s.username.clone(),
+            user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
+            host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
+            host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
+            ..State::default()
+        }
+    }
+
+    /// The state a first boot's run leaves: what was written and when, what Azure
+    /// acknowledged and when, the failure with its cause and stage, the user, the host keys
+    /// made for this VM id, the timings.
+    pub fn after_run(
+        s: &Summary,
+        (written, provisioned_at): (&Result<Written, Failure>, Option<String>),
+        (acked, reported_at): (&Result<Reported, Failure>, Option<String>),
+        earlier: Option<&State>,
+    ) -> State {
+        State {
+            vm_id: s.vm_id.clone(),
+            provisioned_at,
+            report: Some(match (acked, written) {
+                (Err(_), _) => Acked::Pending,
+                (Ok(_), Ok(_)) => Acked::Ready,
+                (Ok(_), Err(_)) => Acked::Failure,
+            }),
+            reported_at,
+            reason: s.reason.map(|r| r.as_str().to_string()),
+            cause: s.cause.clone(),
+            stage: s.stage.map(str::to_string),
+            version: Some(crate::VERSION.to_string()),
+            hostname: s.hostname.clone(),
+            username: s.username.clone(),
+            // a user azprov created on an earlier run (`--force`, a new VM id) is still its own
+            user_created: written.as_ref().is_ok_and(|w| w.user_created)
+                || earlier.is_some_and(|e| e.user_created && e.username == s.username),
+            host_keys_vm_id: (!s.host_keys.is_empty()).then(|| s.vm_id.clone()).flatten(),
+            host_keys: s.host_keys.clone(),
+            timings_ms: s.timings_ms,
+        }
+    }
+
     /// The state in `root`, or None when there is none (or it does not parse: a log line).
     pub fn load(root: &Sysroot) -> Option<State> {
         let bytes = root.read(&format!("{STATE_DIR}/{FILE}")).ok().flatten()?;

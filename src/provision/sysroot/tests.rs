@@ -312,14 +312,17 @@ fn a_new_user_gets_subordinate_ids_and_the_lock_useradd_takes() {
 fn a_held_account_lock_is_waited_for_not_broken() {
     let (dir, root) = seeded("pwdlock");
     let lock = dir.join("etc/.pwd.lock");
+    let released = dir.join("released");
     fs::write(&lock, "").unwrap();
     // another process (flock(1) takes BSD locks; python's lockf takes the fcntl lock
-    // lckpwdf takes) holds it for a moment
+    // lckpwdf takes) holds it for a moment, and says so in a file before it lets go
     let mut holder = std::process::Command::new("python3")
         .arg("-c")
         .arg(format!(
-            "import fcntl,time,sys;f=open('{}','w');fcntl.lockf(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(1)",
-            lock.display()
+            "import fcntl,time,sys;f=open('{}','w');fcntl.lockf(f,fcntl.LOCK_EX);print('held',flush=True);\
+             time.sleep(1);open('{}','w').close();fcntl.lockf(f,fcntl.LOCK_UN);time.sleep(1)",
+            lock.display(),
+            released.display()
         ))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -333,8 +336,9 @@ fn a_held_account_lock_is_waited_for_not_broken() {
     assert_eq!(line, "held\n");
     root.ensure_user(&Username::parse("azureuser").unwrap(), None)
         .unwrap();
+    // the order, not the time: the holder marked its release before it let go
     assert!(
-        holder.try_wait().unwrap().is_some(),
+        released.exists(),
         "the user was written while the lock was held"
     );
     holder.wait().unwrap();
