@@ -265,6 +265,87 @@ pub fn restore_tables(
     restored
 }
 
+/// The root's filesystem: its device's name and node, where it is mounted, and the bytes its
+/// partition holds now.
+struct Fs<'a> {
+    name: &'a str,
+    node: &'a Path,
+    mount: &'a Path,
+    bytes: u64,
+}
+
+/// What `grow_filesystem` did.
+enum Grown {
+    Done(String),
+    /// Less than `grow::MIN_GAIN` to gain.
+    Nothing,
+    /// A filesystem azprov does not grow, by its type.
+    Unsupported(&'static str),
+}
+
+/// The filesystem of `fs` grown online to its partition by its own ioctl, on its mounted root
+/// (ext4; xfs, then a freeze and thaw; btrfs on one device). `writable` is called before the
+/// first change.
+fn grow_filesystem(fs: &Fs, mut writable: impl FnMut()) -> Result<Grown, String> {
+    let name = fs.name;
+    // each filesystem's grow ioctl goes to its mounted root
+    let dir = File::open(fs.mount).map_err(|e| format!("open {}: {e}", fs.mount.display()))?;
+    // each timed from its first change (after `writable`)
+    let (kind, from, to, t) = match crate::disk::block::probe_device(fs.node).map(|i| i.fstype) {
+        Some("ext4") => {
+            let (bs, blocks) = ext4_blocks(fs.node).ok_or("cannot read the ext4 superblock")?;
+            let target = fs.bytes / bs;
+            if target <= blocks || (target - blocks) * bs < grow::MIN_GAIN {
+                return Ok(Grown::Nothing);
+            }
+            writable();
+            let t = Instant::now();
+            crate::sys::block::ext4_resize(&dir, target)
+                .map_err(|e| format!("ext4 resize of {name}: {e}"))?;
+            ("ext4", blocks * bs, target * bs, t)
+        }
+        Some("xfs") => {
+            let geo = crate::sys::block::xfs_geometry(&dir)
+                .map_err(|e| format!("xfs geometry of {name}: {e}"))?;
+            let bs = u64::from(geo.block_size.max(512));
+            let target = fs.bytes / bs;
+            if target <= geo.data_blocks || (target - geo.data_blocks) * bs < grow::MIN_GAIN {
+                return Ok(Grown::Nothing);
+            }
+            writable();
+            let t = Instant::now();
+            crate::sys::block::xfs_grow(&dir, target, geo.imaxpct)
+                .map_err(|e| format!("xfs grow of {name}: {e}"))?;
+            // the grow is committed to the log only; a 6.1 kernel that must replay it after a
+            // power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond the old
+            // superblock's size). A freeze writes it home and quiesces the log.
+            crate::sys::block::freeze_thaw(&dir)
+                .map_err(|e| format!("xfs freeze after the grow of {name}: {e}"))?;
+            ("xfs", geo.data_blocks * bs, target * bs, t)
+        }
+        Some("btrfs") => {
+            let size = btrfs_dev_bytes(fs.node)
+                .ok_or("btrfs on more than one device (or an unreadable superblock)")?;
+            if fs.bytes <= size || fs.bytes - size < grow::MIN_GAIN {
+                return Ok(Grown::Nothing);
+            }
+            writable();
+            let t = Instant::now();
+            crate::sys::block::btrfs_resize_max(&dir)
+                .map_err(|e| format!("btrfs resize of {name}: {e}"))?;
+            ("btrfs", size, fs.bytes, t)
+        }
+        Some(other) => return Ok(Grown::Unsupported(other)),
+        None => return Err(format!("{name}: no filesystem azprov recognises")),
+    };
+    Ok(Grown::Done(format!(
+        "{kind} {} MiB -> {} MiB in {} ms",
+        from >> 20,
+        to >> 20,
+        t.elapsed().as_millis()
+    )))
+}
+
 /// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
 /// called once, and its guard held, only when something is to grow. Ok: what was done, one line.
 /// Err: why nothing was (a skip is not a failure of the run).
@@ -299,73 +380,24 @@ pub fn run<G>(
     // the filesystem, to what its device holds now (also after a boot cut short between the
     // partition and the filesystem)
     let part_bytes = sectors(sys, &d.name).ok_or(format!("no size for {}", d.name))? * 512;
-    let node = dev.join(&d.name);
-    // each filesystem's grow ioctl goes to its mounted root
-    let dir = File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?;
-    match crate::disk::block::probe_device(&node).map(|i| i.fstype) {
-        Some("ext4") => {
-            let (bs, blocks) = ext4_blocks(&node).ok_or("cannot read the ext4 superblock")?;
-            let target = part_bytes / bs;
-            if target > blocks && (target - blocks) * bs >= grow::MIN_GAIN {
-                guard.get_or_insert_with(&writable);
-                let t = Instant::now();
-                crate::sys::block::ext4_resize(&dir, target)
-                    .map_err(|e| format!("ext4 resize of {}: {e}", d.name))?;
-                done.push(format!(
-                    "ext4 {} MiB -> {} MiB in {} ms",
-                    (blocks * bs) >> 20,
-                    (target * bs) >> 20,
-                    t.elapsed().as_millis()
-                ));
-            }
-        }
-        Some("xfs") => {
-            let geo = crate::sys::block::xfs_geometry(&dir)
-                .map_err(|e| format!("xfs geometry of {}: {e}", d.name))?;
-            let bs = u64::from(geo.block_size.max(512));
-            let target = part_bytes / bs;
-            if target > geo.data_blocks && (target - geo.data_blocks) * bs >= grow::MIN_GAIN {
-                guard.get_or_insert_with(&writable);
-                let t = Instant::now();
-                crate::sys::block::xfs_grow(&dir, target, geo.imaxpct)
-                    .map_err(|e| format!("xfs grow of {}: {e}", d.name))?;
-                // the grow is committed to the log only; a 6.1 kernel that must replay it
-                // after a power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond
-                // the old superblock's size). A freeze writes it home and quiesces the log.
-                crate::sys::block::freeze_thaw(&dir)
-                    .map_err(|e| format!("xfs freeze after the grow of {}: {e}", d.name))?;
-                done.push(format!(
-                    "xfs {} MiB -> {} MiB in {} ms",
-                    (geo.data_blocks * bs) >> 20,
-                    (target * bs) >> 20,
-                    t.elapsed().as_millis()
-                ));
-            }
-        }
-        Some("btrfs") => {
-            let size = btrfs_dev_bytes(&node)
-                .ok_or("btrfs on more than one device (or an unreadable superblock)")?;
-            if part_bytes > size && part_bytes - size >= grow::MIN_GAIN {
-                guard.get_or_insert_with(&writable);
-                let t = Instant::now();
-                crate::sys::block::btrfs_resize_max(&dir)
-                    .map_err(|e| format!("btrfs resize of {}: {e}", d.name))?;
-                done.push(format!(
-                    "btrfs {} MiB -> {} MiB in {} ms",
-                    size >> 20,
-                    part_bytes >> 20,
-                    t.elapsed().as_millis()
-                ));
-            }
-        }
-        Some(other) if done.is_empty() => {
+    let fs = Fs {
+        name: &d.name,
+        node: &dev.join(&d.name),
+        mount,
+        bytes: part_bytes,
+    };
+    match grow_filesystem(&fs, || {
+        guard.get_or_insert_with(&writable);
+    })? {
+        Grown::Done(line) => done.push(line),
+        Grown::Nothing => {}
+        Grown::Unsupported(other) if done.is_empty() => {
             return Err(format!(
                 "{} holds {other}, which azprov does not grow",
                 d.name
             ));
         }
-        Some(other) => done.push(format!("{other} not grown (not supported)")),
-        None => return Err(format!("{}: no filesystem azprov recognises", d.name)),
+        Grown::Unsupported(other) => done.push(format!("{other} not grown (not supported)")),
     }
     drop(guard);
     if done.is_empty() {

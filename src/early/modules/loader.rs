@@ -116,32 +116,7 @@ impl Loader {
     {
         // a few dozen modules: a linear search is all the lookup needs
         let at = |name: &str| list.iter().position(|m| m.name == name);
-        // a module another one needs (scsi_mod, libata, scsi_transport_fc, net_failover) is a
-        // library: it makes no device names, so it holds no lane
-        let needed = |m: &Module| list.iter().any(|o| o.deps.contains(&m.name));
-        let lanes: Vec<Option<Lane>> = list
-            .iter()
-            .map(|m| lane(&m.path).filter(|_| !needed(m)))
-            .collect();
-        // what each module waits for: its dependencies in the list, then its lane's previous
-        let waits: Vec<Vec<usize>> = list
-            .iter()
-            .zip(&lanes)
-            .enumerate()
-            .map(|(i, (m, l))| {
-                let mut w: Vec<usize> = m
-                    .deps
-                    .iter()
-                    .filter_map(|d| at(d))
-                    .filter(|&j| j < i)
-                    .collect();
-                let before = lanes.get(..i).unwrap_or_default();
-                if let Some(j) = l.and_then(|l| before.iter().rposition(|b| *b == Some(l))) {
-                    w.push(j);
-                }
-                w
-            })
-            .collect();
+        let waits = waits(list);
         // one job per module: the module, what it waits for, its parameters
         let jobs: Vec<(&Module, Vec<usize>, String)> = list
             .iter()
@@ -192,16 +167,7 @@ impl Loader {
                     }
                     Err(e) => {
                         log::debug!("module {}: {e}", m.name);
-                        // the kernel's words for the common cases; the errno name otherwise
-                        Step::Failed(
-                            match e {
-                                Errno::ENODEV => "no device",
-                                Errno::ENOENT => "missing symbol or dependency",
-                                Errno::ENOEXEC => "bad format",
-                                e => e.desc(),
-                            }
-                            .to_string(),
-                        )
+                        Step::Failed(failure_words(e).to_string())
                     }
                 };
                 set(&mut st, i, step);
@@ -214,7 +180,15 @@ impl Loader {
             }
             worker();
         });
-        let steps = steps.into_inner().unwrap_or_else(PoisonError::into_inner);
+        self.tally(
+            list,
+            steps.into_inner().unwrap_or_else(PoisonError::into_inner),
+        );
+    }
+
+    /// Each module's last step counted: loaded, or skipped with why (and failed, so what
+    /// needs it later is not tried).
+    fn tally(&mut self, list: &[Module], steps: Vec<Step>) {
         for (m, step) in list.iter().zip(steps) {
             match step {
                 Step::Loaded => self.loaded += 1,
@@ -291,5 +265,46 @@ pub(super) fn scan_sync(param: &Path) -> Option<String> {
             log::warn!("{}: cannot set sync: {e}", param.display());
             None
         }
+    }
+}
+
+/// What each module of `list` waits for (indices into it): its dependencies in the list, then
+/// its lane's previous module. A module another one needs (scsi_mod, libata,
+/// scsi_transport_fc, net_failover) is a library: it makes no device names, so it holds no
+/// lane.
+fn waits(list: &[Module]) -> Vec<Vec<usize>> {
+    let at = |name: &str| list.iter().position(|m| m.name == name);
+    let needed = |m: &Module| list.iter().any(|o| o.deps.contains(&m.name));
+    let lanes: Vec<Option<Lane>> = list
+        .iter()
+        .map(|m| lane(&m.path).filter(|_| !needed(m)))
+        .collect();
+    list.iter()
+        .zip(&lanes)
+        .enumerate()
+        .map(|(i, (m, l))| {
+            let mut w: Vec<usize> = m
+                .deps
+                .iter()
+                .filter_map(|d| at(d))
+                .filter(|&j| j < i)
+                .collect();
+            let before = lanes.get(..i).unwrap_or_default();
+            if let Some(j) = l.and_then(|l| before.iter().rposition(|b| *b == Some(l))) {
+                w.push(j);
+            }
+            w
+        })
+        .collect()
+}
+
+/// Why a module did not load, in the kernel's words for the common cases; the errno's
+/// description otherwise.
+fn failure_words(e: Errno) -> &'static str {
+    match e {
+        Errno::ENODEV => "no device",
+        Errno::ENOENT => "missing symbol or dependency",
+        Errno::ENOEXEC => "bad format",
+        e => e.desc(),
     }
 }

@@ -166,6 +166,66 @@ pub(super) fn crypt_sha512(password: &str, salt: &str) -> Result<String, WriteEr
     Ok(format!("$6${salt}${hash}"))
 }
 
+/// login.defs' uid and gid ranges for accounts that log in (shadow's defaults without it).
+struct IdRanges {
+    uid: (u32, u32),
+    gid: (u32, u32),
+}
+
+impl IdRanges {
+    fn from_defs(defs: &str) -> Self {
+        IdRanges {
+            uid: (
+                login_defs(defs, "UID_MIN").unwrap_or(1000),
+                login_defs(defs, "UID_MAX").unwrap_or(60000),
+            ),
+            gid: (
+                login_defs(defs, "GID_MIN").unwrap_or(1000),
+                login_defs(defs, "GID_MAX").unwrap_or(60000),
+            ),
+        }
+    }
+}
+
+/// passwd, shadow, group and gshadow as read, edited in memory.
+struct AccountFiles {
+    passwd: Table,
+    shadow: Table,
+    group: Table,
+    gshadow: Table,
+    gshadow_present: bool,
+}
+
+impl AccountFiles {
+    fn read(root: &Sysroot) -> Result<Self, WriteError> {
+        Ok(AccountFiles {
+            passwd: Table::parse(root.read("/etc/passwd")?),
+            shadow: Table::parse(root.read("/etc/shadow")?),
+            group: Table::parse(root.read("/etc/group")?),
+            gshadow_present: root.exists("/etc/gshadow"),
+            gshadow: Table::parse(root.read("/etc/gshadow")?),
+        })
+    }
+
+    /// shadow: the hash, or locked ("!") for a new account without a password.
+    fn set_password(&mut self, name: &str, hash: Option<&Secret<String>>) {
+        match self.shadow.find(name) {
+            Some(i) => {
+                if let Some(h) = hash {
+                    self.shadow.set_field(i, 1, h.expose().as_bytes());
+                    self.shadow
+                        .set_field(i, 2, days_since_epoch().to_string().as_bytes());
+                }
+            }
+            None => {
+                let pw = hash.map_or("!", |h| h.expose().as_str());
+                self.shadow
+                    .push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
+            }
+        }
+    }
+}
+
 impl Sysroot {
     /// Creates the user (or finds it), edits passwd/shadow/group/gshadow in place, and fills a
     /// new home from /etc/skel. `hash` is the password's crypt string ([`hash_password`]);
@@ -180,122 +240,144 @@ impl Sysroot {
             .read("/etc/login.defs")?
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
-        let uid_min = login_defs(&defs, "UID_MIN").unwrap_or(1000);
-        let uid_max = login_defs(&defs, "UID_MAX").unwrap_or(60000);
-        let gid_min = login_defs(&defs, "GID_MIN").unwrap_or(1000);
-        let gid_max = login_defs(&defs, "GID_MAX").unwrap_or(60000);
+        let ids = IdRanges::from_defs(&defs);
         let name = user.as_str();
-
-        let mut passwd = Table::parse(self.read("/etc/passwd")?);
-        let mut shadow = Table::parse(self.read("/etc/shadow")?);
-        let mut group = Table::parse(self.read("/etc/group")?);
-        let gshadow_present = self.exists("/etc/gshadow");
-        let mut gshadow = Table::parse(self.read("/etc/gshadow")?);
-
-        let account = if let Some(i) = passwd.find(name) {
-            let uid: u32 = passwd.field(i, 2).and_then(|v| v.parse().ok()).unwrap_or(0);
-            // `nobody` (65534), root, daemons: never the admin with sudo and the keys
-            if uid < uid_min || uid > uid_max || uid == 0 {
-                return Err(WriteError::SystemAccount {
-                    name: name.to_string(),
-                    uid,
-                });
-            }
-            let shell = passwd.field(i, 6).unwrap_or("");
-            if shell.ends_with("/nologin") || shell.ends_with("/false") {
-                return Err(WriteError::NoLogin {
-                    name: name.to_string(),
-                    shell: shell.to_string(),
-                });
-            }
-            let gid = passwd
-                .field(i, 3)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(uid);
-            let home = passwd.field(i, 5).unwrap_or("").to_string();
-            // a user an interrupted run of azprov's created is still azprov's
-            Account {
-                uid,
-                gid,
-                home,
-                created: self.owned_user().as_deref() == Some(name),
-            }
-        } else {
-            let used_uids = passwd.ids(2);
-            let used_gids = group.ids(2);
-            let uid = (uid_min..=uid_max)
-                .find(|u| !used_uids.contains(u))
-                .ok_or(WriteError::NoFreeId)?;
-            // a group already named like the user becomes its primary group, unless it is a
-            // system group (the user would get its files' group rights)
-            let same_name = group
-                .find(name)
-                .map(|g| group.field(g, 2).and_then(|v| v.parse::<u32>().ok()));
-            let gid = if let Some(existing) = same_name {
-                match existing {
-                    Some(g) if g >= gid_min && g <= gid_max => g,
-                    g => {
-                        return Err(WriteError::SystemGroup {
-                            name: name.to_string(),
-                            gid: g.unwrap_or(0),
-                        })
-                    }
-                }
-            } else if used_gids.contains(&uid) || uid < gid_min || uid > gid_max {
-                (gid_min..=gid_max)
-                    .find(|g| !used_gids.contains(g))
-                    .ok_or(WriteError::NoFreeId)?
-            } else {
-                uid
-            };
-            let home = format!("/home/{name}");
-            let shell = self.login_shell();
-            // azprov's claim on the user is on disk before passwd names it (the barrier
-            // below renames it with group and shadow; passwd goes after), so `clean --user`
-            // removes an admin whose first boot was cut short anywhere after that
-            self.write_state(OWNED_USER, format!("{name}\n").as_bytes())?;
-            passwd.push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
-            // each file on its own: a run interrupted between the rewrites left some of them
-            if group.find(name).is_none() {
-                group.push(format!("{name}:x:{gid}:"));
-            }
-            if gshadow_present && gshadow.find(name).is_none() {
-                gshadow.push(format!("{name}:!::"));
-            }
-            Account {
-                uid,
-                gid,
-                home,
-                created: true,
-            }
+        let mut files = AccountFiles::read(self)?;
+        let account = match files.passwd.find(name) {
+            Some(i) => self.existing_account(&files.passwd, i, name, &ids)?,
+            None => self.new_account(&mut files, name, &ids)?,
         };
-        // shadow: the hash, or locked ("!") for a new account without a password
-        match shadow.find(name) {
-            Some(i) => {
-                if let Some(h) = hash {
-                    shadow.set_field(i, 1, h.expose().as_bytes());
-                    shadow.set_field(i, 2, days_since_epoch().to_string().as_bytes());
+        files.set_password(name, hash);
+        self.write_account_files(&files, &account, name, &defs)?;
+        if !self.exists(&account.home) {
+            self.make_home(&account)?;
+        } else {
+            self.claim_home(&account, name, &files.passwd)?;
+        }
+        Ok(account)
+    }
+
+    /// The account `name` that passwd has at line `i`, when it may be the admin.
+    fn existing_account(
+        &self,
+        passwd: &Table,
+        i: usize,
+        name: &str,
+        ids: &IdRanges,
+    ) -> Result<Account, WriteError> {
+        let uid: u32 = passwd.field(i, 2).and_then(|v| v.parse().ok()).unwrap_or(0);
+        // `nobody` (65534), root, daemons: never the admin with sudo and the keys
+        if uid < ids.uid.0 || uid > ids.uid.1 || uid == 0 {
+            return Err(WriteError::SystemAccount {
+                name: name.to_string(),
+                uid,
+            });
+        }
+        let shell = passwd.field(i, 6).unwrap_or("");
+        if shell.ends_with("/nologin") || shell.ends_with("/false") {
+            return Err(WriteError::NoLogin {
+                name: name.to_string(),
+                shell: shell.to_string(),
+            });
+        }
+        let gid = passwd
+            .field(i, 3)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(uid);
+        let home = passwd.field(i, 5).unwrap_or("").to_string();
+        // a user an interrupted run of azprov's created is still azprov's
+        Ok(Account {
+            uid,
+            gid,
+            home,
+            created: self.owned_user().as_deref() == Some(name),
+        })
+    }
+
+    /// A new account `name` added to `files` (passwd, and group and gshadow where it has no
+    /// line yet), with the lowest free uid and a primary group, azprov's claim on it on disk
+    /// first.
+    fn new_account(
+        &self,
+        files: &mut AccountFiles,
+        name: &str,
+        ids: &IdRanges,
+    ) -> Result<Account, WriteError> {
+        let (gid_min, gid_max) = ids.gid;
+        let used_uids = files.passwd.ids(2);
+        let used_gids = files.group.ids(2);
+        let uid = (ids.uid.0..=ids.uid.1)
+            .find(|u| !used_uids.contains(u))
+            .ok_or(WriteError::NoFreeId)?;
+        // a group already named like the user becomes its primary group, unless it is a
+        // system group (the user would get its files' group rights)
+        let same_name = files
+            .group
+            .find(name)
+            .map(|g| files.group.field(g, 2).and_then(|v| v.parse::<u32>().ok()));
+        let gid = if let Some(existing) = same_name {
+            match existing {
+                Some(g) if g >= gid_min && g <= gid_max => g,
+                g => {
+                    return Err(WriteError::SystemGroup {
+                        name: name.to_string(),
+                        gid: g.unwrap_or(0),
+                    })
                 }
             }
-            None => {
-                let pw = hash.map_or("!", |h| h.expose().as_str());
-                shadow.push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
-            }
+        } else if used_gids.contains(&uid) || uid < gid_min || uid > gid_max {
+            (gid_min..=gid_max)
+                .find(|g| !used_gids.contains(g))
+                .ok_or(WriteError::NoFreeId)?
+        } else {
+            uid
+        };
+        let home = format!("/home/{name}");
+        let shell = self.login_shell();
+        // azprov's claim on the user is on disk before passwd names it (the barrier in
+        // write_account_files renames it with group and shadow; passwd goes after), so `clean
+        // --user` removes an admin whose first boot was cut short anywhere after that
+        self.write_state(OWNED_USER, format!("{name}\n").as_bytes())?;
+        files
+            .passwd
+            .push(format!("{name}:x:{uid}:{gid}::{home}:{shell}"));
+        // each file on its own: a run interrupted between the rewrites left some of them
+        if files.group.find(name).is_none() {
+            files.group.push(format!("{name}:x:{gid}:"));
         }
-        // group and gshadow first (on disk before passwd in a batch too), so a passwd entry
-        // never names a missing group; in a batch they go into place together or, when one
-        // cannot be written, none of them does (a group without its gshadow line). Each
-        // secondary file is renamed before its primary (gshadow before group, shadow before
-        // passwd): a cut between two renames leaves no entry without its secondary line.
+        if files.gshadow_present && files.gshadow.find(name).is_none() {
+            files.gshadow.push(format!("{name}:!::"));
+        }
+        Ok(Account {
+            uid,
+            gid,
+            home,
+            created: true,
+        })
+    }
+
+    /// The account files into place. Group and gshadow first (on disk before passwd in a batch
+    /// too), so a passwd entry never names a missing group; in a batch they go into place
+    /// together or, when one cannot be written, none of them does (a group without its
+    /// gshadow line). Each secondary file is renamed before its primary (gshadow before group,
+    /// shadow before passwd): a cut between two renames leaves no entry without its secondary
+    /// line. A new account's subordinate id ranges go with them.
+    fn write_account_files(
+        &self,
+        files: &AccountFiles,
+        account: &Account,
+        name: &str,
+        defs: &str,
+    ) -> Result<(), WriteError> {
         let together = || -> Result<(), WriteError> {
-            if gshadow_present {
-                self.rewrite("/etc/gshadow", &gshadow.bytes(), 0o640)?;
+            if files.gshadow_present {
+                self.rewrite("/etc/gshadow", &files.gshadow.bytes(), 0o640)?;
             }
-            self.rewrite("/etc/group", &group.bytes(), 0o644)?;
-            self.rewrite("/etc/shadow", &shadow.bytes(), 0o640)?;
+            self.rewrite("/etc/group", &files.group.bytes(), 0o644)?;
+            self.rewrite("/etc/shadow", &files.shadow.bytes(), 0o640)?;
             if account.created {
                 for (file, kind) in [("/etc/subuid", "UID"), ("/etc/subgid", "GID")] {
-                    self.add_subordinate_ids(file, kind, name, &defs)?;
+                    self.add_subordinate_ids(file, kind, name, defs)?;
                 }
             }
             Ok(())
@@ -316,14 +398,7 @@ impl Sysroot {
             return Err(e);
         }
         self.barrier()?;
-        self.rewrite("/etc/passwd", &passwd.bytes(), 0o644)?;
-
-        if !self.exists(&account.home) {
-            self.make_home(&account)?;
-        } else {
-            self.claim_home(&account, name, &passwd)?;
-        }
-        Ok(account)
+        self.rewrite("/etc/passwd", &files.passwd.bytes(), 0o644)
     }
 
     /// The user azprov created in this root (`/var/lib/azprov/user`), if any.
