@@ -11,6 +11,7 @@
 //! it off. Runs on the mounted root in both modes, before anything is written into it.
 
 use crate::disk::grow::{self, Skip};
+use nix::errno::Errno;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -158,34 +159,68 @@ fn write_in_order(disk: &Path, writes: &[(u64, Vec<u8>)]) -> Result<(), String> 
     Ok(())
 }
 
+/// growroot's calls on the disk that holds the root's partition, behind a seam (as
+/// `sys::kernel::Kernel` is PID 1's): [`Disk`] makes them on the device; the unit tests' fake
+/// records them and fails the one it is told to, so their order and every failure path are
+/// tested without a disk.
+trait DiskCalls {
+    /// `len` bytes at `at`, None when they cannot be read.
+    fn read(&mut self, at: u64, len: usize) -> Option<Vec<u8>>;
+    /// The writes in their order, each direct and synced.
+    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String>;
+    /// BLKPG: partition `number` now spans `length` bytes from `start`.
+    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String>;
+}
+
+/// The disk device itself.
+struct Disk<'a> {
+    path: &'a Path,
+    file: File,
+}
+
+impl DiskCalls for Disk<'_> {
+    fn read(&mut self, at: u64, len: usize) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        self.file.read_exact_at(&mut b, at).ok().map(|_| b)
+    }
+
+    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+        write_in_order(self.path, writes)
+    }
+
+    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String> {
+        crate::sys::block::resize_partition(&self.file, number as i32, start, length)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Partition `number` of `table` (the root, `name`) grown to the disk's end: a GPT primary
 /// that a cut left unsound put back from its backup first, then the plan's writes and BLKPG.
 /// `writable` is called before the first write. The line to say, or None: nothing to gain.
 fn grow_partition(
     table: &Table,
+    disk: &mut impl DiskCalls,
     name: &str,
     number: u32,
     mut writable: impl FnMut(),
 ) -> Result<Option<String>, String> {
-    let f = File::options()
-        .read(true)
-        .write(true)
-        .open(table.disk)
-        .map_err(|e| format!("open {}: {e}", table.disk.display()))?;
-    let mut read = |at: u64, len: usize| {
-        let mut b = vec![0u8; len];
-        f.read_exact_at(&mut b, at).ok().map(|_| b)
-    };
-    if let Some(fix) = grow::restore(&mut read, table.bytes, table.sector) {
+    let fix = grow::restore(&mut |at, len| disk.read(at, len), table.bytes, table.sector);
+    if let Some(fix) = fix {
         writable();
-        write_in_order(table.disk, &fix)?;
+        disk.write(&fix)?;
         log::warn!(
             "growroot: {}'s primary GPT was not sound (a cut during an earlier grow); put back \
              from its backup",
             table.disk.display()
         );
     }
-    let plan = match grow::plan(&mut read, table.bytes, number, table.sector) {
+    let plan = grow::plan(
+        &mut |at, len| disk.read(at, len),
+        table.bytes,
+        number,
+        table.sector,
+    );
+    let plan = match plan {
         Ok(plan) => plan,
         Err(Skip::Little(_)) => return Ok(None),
         Err(skip) => return Err(format!("{name}: {skip}; not grown")),
@@ -195,14 +230,9 @@ fn grow_partition(
     if let Some(note) = plan.note {
         log::info!("growroot: {}: {note}", table.disk.display());
     }
-    write_in_order(table.disk, &plan.writes)?;
-    crate::sys::block::resize_partition(
-        &f,
-        number as i32,
-        plan.start * plan.sector,
-        plan.sectors * plan.sector,
-    )
-    .map_err(|e| format!("BLKPG resize of {name}: {e}"))?;
+    disk.write(&plan.writes)?;
+    disk.resize_partition(number, plan.start * plan.sector, plan.sectors * plan.sector)
+        .map_err(|e| format!("BLKPG resize of {name}: {e}"))?;
     Ok(Some(format!(
         "partition {name} +{} MiB ({}) in {} ms",
         plan.gain >> 20,
@@ -265,16 +295,57 @@ pub fn restore_tables(
     restored
 }
 
-/// The root's filesystem: its device's name and node, where it is mounted, and the bytes its
-/// partition holds now.
-struct Fs<'a> {
-    name: &'a str,
+/// growroot's calls on the root's filesystem (its device read, its mounted root's ioctls),
+/// behind a seam as [`DiskCalls`] is.
+trait FsCalls {
+    /// The filesystem's type from its superblock.
+    fn fstype(&mut self) -> Option<&'static str>;
+    /// ext4's block size and block count.
+    fn ext4_blocks(&mut self) -> Option<(u64, u64)>;
+    fn ext4_resize(&mut self, blocks: u64) -> Result<(), Errno>;
+    fn xfs_geometry(&mut self) -> Result<crate::sys::block::XfsGeometry, Errno>;
+    fn xfs_grow(&mut self, blocks: u64, imaxpct: u32) -> Result<(), Errno>;
+    fn freeze_thaw(&mut self) -> Result<(), Errno>;
+    /// The bytes btrfs's only device holds; None with more than one device.
+    fn btrfs_bytes(&mut self) -> Option<u64>;
+    fn btrfs_resize_max(&mut self) -> Result<(), Errno>;
+}
+
+/// The root's filesystem: its device node, and its mounted root open for the ioctls.
+struct MountedFs<'a> {
     node: &'a Path,
-    mount: &'a Path,
-    bytes: u64,
+    dir: File,
+}
+
+impl FsCalls for MountedFs<'_> {
+    fn fstype(&mut self) -> Option<&'static str> {
+        crate::disk::block::probe_device(self.node).map(|i| i.fstype)
+    }
+    fn ext4_blocks(&mut self) -> Option<(u64, u64)> {
+        ext4_blocks(self.node)
+    }
+    fn ext4_resize(&mut self, blocks: u64) -> Result<(), Errno> {
+        crate::sys::block::ext4_resize(&self.dir, blocks)
+    }
+    fn xfs_geometry(&mut self) -> Result<crate::sys::block::XfsGeometry, Errno> {
+        crate::sys::block::xfs_geometry(&self.dir)
+    }
+    fn xfs_grow(&mut self, blocks: u64, imaxpct: u32) -> Result<(), Errno> {
+        crate::sys::block::xfs_grow(&self.dir, blocks, imaxpct)
+    }
+    fn freeze_thaw(&mut self) -> Result<(), Errno> {
+        crate::sys::block::freeze_thaw(&self.dir)
+    }
+    fn btrfs_bytes(&mut self) -> Option<u64> {
+        btrfs_dev_bytes(self.node)
+    }
+    fn btrfs_resize_max(&mut self) -> Result<(), Errno> {
+        crate::sys::block::btrfs_resize_max(&self.dir)
+    }
 }
 
 /// What `grow_filesystem` did.
+#[derive(Debug, PartialEq, Eq)]
 enum Grown {
     Done(String),
     /// Less than `grow::MIN_GAIN` to gain.
@@ -283,57 +354,61 @@ enum Grown {
     Unsupported(&'static str),
 }
 
-/// The filesystem of `fs` grown online to its partition by its own ioctl, on its mounted root
+/// The filesystem on `name` grown online by its own ioctl to the `bytes` its partition holds
 /// (ext4; xfs, then a freeze and thaw; btrfs on one device). `writable` is called before the
 /// first change.
-fn grow_filesystem(fs: &Fs, mut writable: impl FnMut()) -> Result<Grown, String> {
-    let name = fs.name;
-    // each filesystem's grow ioctl goes to its mounted root
-    let dir = File::open(fs.mount).map_err(|e| format!("open {}: {e}", fs.mount.display()))?;
+fn grow_filesystem(
+    name: &str,
+    bytes: u64,
+    fs: &mut impl FsCalls,
+    mut writable: impl FnMut(),
+) -> Result<Grown, String> {
     // each timed from its first change (after `writable`)
-    let (kind, from, to, t) = match crate::disk::block::probe_device(fs.node).map(|i| i.fstype) {
+    let (kind, from, to, t) = match fs.fstype() {
         Some("ext4") => {
-            let (bs, blocks) = ext4_blocks(fs.node).ok_or("cannot read the ext4 superblock")?;
-            let target = fs.bytes / bs;
+            let (bs, blocks) = fs.ext4_blocks().ok_or("cannot read the ext4 superblock")?;
+            let target = bytes / bs;
             if target <= blocks || (target - blocks) * bs < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
             }
             writable();
             let t = Instant::now();
-            crate::sys::block::ext4_resize(&dir, target)
+            fs.ext4_resize(target)
                 .map_err(|e| format!("ext4 resize of {name}: {e}"))?;
             ("ext4", blocks * bs, target * bs, t)
         }
         Some("xfs") => {
-            let geo = crate::sys::block::xfs_geometry(&dir)
+            let geo = fs
+                .xfs_geometry()
                 .map_err(|e| format!("xfs geometry of {name}: {e}"))?;
             let bs = u64::from(geo.block_size.max(512));
-            let target = fs.bytes / bs;
+            let target = bytes / bs;
             if target <= geo.data_blocks || (target - geo.data_blocks) * bs < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
             }
             writable();
             let t = Instant::now();
-            crate::sys::block::xfs_grow(&dir, target, geo.imaxpct)
+            fs.xfs_grow(target, geo.imaxpct)
                 .map_err(|e| format!("xfs grow of {name}: {e}"))?;
             // the grow is committed to the log only; a 6.1 kernel that must replay it after a
             // power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond the old
             // superblock's size). A freeze writes it home and quiesces the log.
-            crate::sys::block::freeze_thaw(&dir)
+            fs.freeze_thaw()
                 .map_err(|e| format!("xfs freeze after the grow of {name}: {e}"))?;
             ("xfs", geo.data_blocks * bs, target * bs, t)
         }
         Some("btrfs") => {
-            let size = btrfs_dev_bytes(fs.node)
+            let size = fs
+                .btrfs_bytes()
                 .ok_or("btrfs on more than one device (or an unreadable superblock)")?;
-            if fs.bytes <= size || fs.bytes - size < grow::MIN_GAIN {
+            if bytes <= size || bytes - size < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
             }
             writable();
             let t = Instant::now();
-            crate::sys::block::btrfs_resize_max(&dir)
+            fs.btrfs_resize_max()
                 .map_err(|e| format!("btrfs resize of {name}: {e}"))?;
-            ("btrfs", size, fs.bytes, t)
+            ("btrfs", size, bytes, t)
         }
         Some(other) => return Ok(Grown::Unsupported(other)),
         None => return Err(format!("{name}: no filesystem azprov recognises")),
@@ -371,7 +446,16 @@ pub fn run<G>(
             bytes: sectors(sys, disk).ok_or(format!("no size for {disk}"))? * 512,
             sector: logical_block_size(sys, disk),
         };
-        if let Some(line) = grow_partition(&table, &d.name, *number, || {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&disk_path)
+            .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
+        let mut calls = Disk {
+            path: &disk_path,
+            file,
+        };
+        if let Some(line) = grow_partition(&table, &mut calls, &d.name, *number, || {
             guard.get_or_insert_with(&writable);
         })? {
             done.push(line);
@@ -380,13 +464,12 @@ pub fn run<G>(
     // the filesystem, to what its device holds now (also after a boot cut short between the
     // partition and the filesystem)
     let part_bytes = sectors(sys, &d.name).ok_or(format!("no size for {}", d.name))? * 512;
-    let fs = Fs {
-        name: &d.name,
+    // each filesystem's grow ioctl goes to its mounted root
+    let mut fs = MountedFs {
         node: &dev.join(&d.name),
-        mount,
-        bytes: part_bytes,
+        dir: File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?,
     };
-    match grow_filesystem(&fs, || {
+    match grow_filesystem(&d.name, part_bytes, &mut fs, || {
         guard.get_or_insert_with(&writable);
     })? {
         Grown::Done(line) => done.push(line),
@@ -463,5 +546,289 @@ mod tests {
             Err(Skip::Little(_))
         ));
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A disk in memory that records growroot's calls (and `writable`'s, in `log`) and fails
+    /// the one named in `fail`.
+    struct FakeDisk<'a> {
+        image: Vec<u8>,
+        log: &'a std::cell::RefCell<Vec<String>>,
+        fail: Option<&'static str>,
+    }
+
+    impl DiskCalls for FakeDisk<'_> {
+        fn read(&mut self, at: u64, len: usize) -> Option<Vec<u8>> {
+            self.image
+                .get(at as usize..at as usize + len)
+                .map(<[u8]>::to_vec)
+        }
+        fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+            self.log
+                .borrow_mut()
+                .push(format!("write {}", writes.len()));
+            if self.fail == Some("write") {
+                return Err("write: EIO".into());
+            }
+            for (at, bytes) in writes {
+                let at = *at as usize;
+                self.image[at..at + bytes.len()].copy_from_slice(bytes);
+            }
+            Ok(())
+        }
+        fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String> {
+            self.log
+                .borrow_mut()
+                .push(format!("blkpg {number} {start} {length}"));
+            match self.fail {
+                Some("blkpg") => Err("EBUSY".into()),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    /// A 32 MiB GPT image (sfdisk): 8 MiB, then a partition to the image's end; on a disk of
+    /// `disk_mib` MiB.
+    fn gpt_image(disk_mib: u64) -> Vec<u8> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join(format!("azprov-growseam-{}-{n}", std::process::id()));
+        File::create(&d).unwrap().set_len(32 << 20).unwrap();
+        sfdisk(d.to_str().unwrap(), "label: gpt\n,8M\n,\n");
+        File::options()
+            .write(true)
+            .open(&d)
+            .unwrap()
+            .set_len(disk_mib << 20)
+            .unwrap();
+        let image = std::fs::read(&d).unwrap();
+        std::fs::remove_file(&d).unwrap();
+        image
+    }
+
+    fn table(disk_mib: u64) -> Table<'static> {
+        Table {
+            disk: Path::new("/dev/sdz"),
+            bytes: disk_mib << 20,
+            sector: 512,
+        }
+    }
+
+    /// grow_partition on a fake: its result and the calls in order.
+    fn partition_calls(
+        image: Vec<u8>,
+        disk_mib: u64,
+        fail: Option<&'static str>,
+    ) -> (Result<Option<String>, String>, Vec<String>, Vec<u8>) {
+        let log = std::cell::RefCell::new(Vec::new());
+        let mut disk = FakeDisk {
+            image,
+            log: &log,
+            fail,
+        };
+        let r = grow_partition(&table(disk_mib), &mut disk, "sdz2", 2, || {
+            log.borrow_mut().push("writable".into())
+        });
+        let image = disk.image;
+        (r, log.into_inner(), image)
+    }
+
+    #[test]
+    fn the_partition_grows_writable_first_then_the_table_then_blkpg() {
+        let (r, calls, image) = partition_calls(gpt_image(64), 64, None);
+        let line = r.unwrap().unwrap();
+        assert!(line.starts_with("partition sdz2 +32 MiB (GPT)"), "{line}");
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert_eq!(calls[0], "writable");
+        assert!(calls[1].starts_with("write "), "{calls:?}");
+        // partition 2 starts at 9 MiB and ends at the new last usable sector (before the
+        // backup's 32 sectors of entries and its header)
+        let want = format!("blkpg 2 {} {}", 9 << 20, (64 << 20) - (9 << 20) - 33 * 512);
+        assert_eq!(calls[2], want);
+        // the table on the fake disk is the new one: nothing more to gain
+        let (again, calls, _) = partition_calls(image, 64, None);
+        assert_eq!(again, Ok(None));
+        assert!(calls.is_empty(), "{calls:?}");
+    }
+
+    #[test]
+    fn nothing_to_gain_makes_nothing_writable_and_calls_nothing() {
+        let (r, calls, _) = partition_calls(gpt_image(32), 32, None);
+        assert_eq!(r, Ok(None));
+        assert!(calls.is_empty(), "{calls:?}");
+    }
+
+    #[test]
+    fn a_failed_write_stops_before_blkpg_and_a_failed_blkpg_is_the_error() {
+        let (r, calls, _) = partition_calls(gpt_image(64), 64, Some("write"));
+        assert_eq!(r, Err("write: EIO".into()));
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert!(calls[1].starts_with("write "), "{calls:?}");
+        let (r, calls, _) = partition_calls(gpt_image(64), 64, Some("blkpg"));
+        assert_eq!(r, Err("BLKPG resize of sdz2: EBUSY".into()));
+        assert_eq!(calls.last().map(|c| &c[..5]), Some("blkpg"));
+    }
+
+    #[test]
+    fn a_torn_primary_is_put_back_before_the_grow_is_planned() {
+        // a grow cut between the entry sector and the header: the primary's array does not
+        // match its header, the backup at the new end is sound and new
+        let mut image = gpt_image(64);
+        let plan = grow::plan(
+            &mut |at, len| {
+                image
+                    .get(at as usize..at as usize + len)
+                    .map(<[u8]>::to_vec)
+            },
+            64 << 20,
+            2,
+            512,
+        )
+        .unwrap();
+        for (at, bytes) in plan.writes.iter().take(plan.writes.len() - 1) {
+            image[*at as usize..*at as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        let (r, calls, _) = partition_calls(image, 64, None);
+        // put back (the new table, from the backup): then there is nothing left to grow
+        assert_eq!(r, Ok(None));
+        assert_eq!(calls.first().map(String::as_str), Some("writable"));
+        assert!(
+            calls.get(1).is_some_and(|c| c.starts_with("write ")),
+            "{calls:?}"
+        );
+        assert!(!calls.iter().any(|c| c.starts_with("blkpg")), "{calls:?}");
+    }
+
+    /// A filesystem that records growroot's calls and fails the one named in `fail`.
+    struct FakeFs<'a> {
+        fstype: Option<&'static str>,
+        /// ext4's (block size, blocks), xfs's (block size, data blocks), btrfs's (1, bytes)
+        size: (u64, u64),
+        log: &'a std::cell::RefCell<Vec<String>>,
+        fail: Option<&'static str>,
+    }
+
+    impl FakeFs<'_> {
+        fn call(&self, what: String, name: &str) -> Result<(), Errno> {
+            self.log.borrow_mut().push(what);
+            if self.fail == Some(name) {
+                return Err(Errno::EIO);
+            }
+            Ok(())
+        }
+    }
+
+    impl FsCalls for FakeFs<'_> {
+        fn fstype(&mut self) -> Option<&'static str> {
+            self.fstype
+        }
+        fn ext4_blocks(&mut self) -> Option<(u64, u64)> {
+            Some(self.size)
+        }
+        fn ext4_resize(&mut self, blocks: u64) -> Result<(), Errno> {
+            self.call(format!("ext4_resize {blocks}"), "ext4_resize")
+        }
+        fn xfs_geometry(&mut self) -> Result<crate::sys::block::XfsGeometry, Errno> {
+            Ok(crate::sys::block::XfsGeometry {
+                block_size: self.size.0 as u32,
+                data_blocks: self.size.1,
+                imaxpct: 25,
+            })
+        }
+        fn xfs_grow(&mut self, blocks: u64, imaxpct: u32) -> Result<(), Errno> {
+            self.call(format!("xfs_grow {blocks} {imaxpct}"), "xfs_grow")
+        }
+        fn freeze_thaw(&mut self) -> Result<(), Errno> {
+            self.call("freeze_thaw".into(), "freeze_thaw")
+        }
+        fn btrfs_bytes(&mut self) -> Option<u64> {
+            Some(self.size.1)
+        }
+        fn btrfs_resize_max(&mut self) -> Result<(), Errno> {
+            self.call("btrfs_resize_max".into(), "btrfs_resize_max")
+        }
+    }
+
+    /// grow_filesystem of a filesystem `size` on a 256 MiB partition: result and calls.
+    fn fs_calls(
+        fstype: Option<&'static str>,
+        size: (u64, u64),
+        fail: Option<&'static str>,
+    ) -> (Result<Grown, String>, Vec<String>) {
+        let log = std::cell::RefCell::new(Vec::new());
+        let r = grow_filesystem(
+            "sdz2",
+            256 << 20,
+            &mut FakeFs {
+                fstype,
+                size,
+                log: &log,
+                fail,
+            },
+            || log.borrow_mut().push("writable".into()),
+        );
+        (r, log.into_inner())
+    }
+
+    #[test]
+    fn each_filesystem_grows_by_its_own_call_after_writable() {
+        let (r, calls) = fs_calls(Some("ext4"), (4096, 12288), None);
+        assert!(
+            matches!(&r, Ok(Grown::Done(l)) if l.starts_with("ext4 48 MiB -> 256 MiB")),
+            "{r:?}"
+        );
+        assert_eq!(calls, ["writable", "ext4_resize 65536"]);
+        // xfs: the grow, then the freeze that puts it on disk
+        let (r, calls) = fs_calls(Some("xfs"), (4096, 12288), None);
+        assert!(
+            matches!(&r, Ok(Grown::Done(l)) if l.starts_with("xfs 48 MiB -> 256 MiB")),
+            "{r:?}"
+        );
+        assert_eq!(calls, ["writable", "xfs_grow 65536 25", "freeze_thaw"]);
+        let (r, calls) = fs_calls(Some("btrfs"), (1, 48 << 20), None);
+        assert!(
+            matches!(&r, Ok(Grown::Done(l)) if l.starts_with("btrfs 48 MiB -> 256 MiB")),
+            "{r:?}"
+        );
+        assert_eq!(calls, ["writable", "btrfs_resize_max"]);
+    }
+
+    #[test]
+    fn a_filesystem_with_little_to_gain_is_left_alone_and_nothing_made_writable() {
+        // 255.5 MiB of 256: less than MIN_GAIN
+        for fs in ["ext4", "xfs"] {
+            let (r, calls) = fs_calls(Some(fs), (4096, 65408), None);
+            assert_eq!(r, Ok(Grown::Nothing), "{fs}");
+            assert!(calls.is_empty(), "{fs}: {calls:?}");
+        }
+        let (r, calls) = fs_calls(Some("btrfs"), (1, (256 << 20) - 4096), None);
+        assert_eq!(r, Ok(Grown::Nothing));
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_failed_xfs_grow_is_not_frozen_and_a_failed_freeze_is_the_error() {
+        let (r, calls) = fs_calls(Some("xfs"), (4096, 12288), Some("xfs_grow"));
+        assert_eq!(r, Err("xfs grow of sdz2: EIO: I/O error".into()));
+        assert_eq!(calls, ["writable", "xfs_grow 65536 25"]);
+        let (r, calls) = fs_calls(Some("xfs"), (4096, 12288), Some("freeze_thaw"));
+        assert_eq!(
+            r,
+            Err("xfs freeze after the grow of sdz2: EIO: I/O error".into())
+        );
+        assert_eq!(calls.len(), 3);
+    }
+
+    #[test]
+    fn other_filesystems_are_named_and_an_unknown_one_is_an_error() {
+        assert_eq!(
+            fs_calls(Some("vfat"), (0, 0), None).0,
+            Ok(Grown::Unsupported("vfat"))
+        );
+        assert_eq!(
+            fs_calls(None, (0, 0), None).0,
+            Err("sdz2: no filesystem azprov recognises".into())
+        );
     }
 }
