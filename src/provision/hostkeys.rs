@@ -8,6 +8,8 @@
 
 pub mod later;
 mod prime;
+mod steps;
+pub(crate) use steps::{finish_host_keys_later, install_host_keys};
 
 use super::sysroot::{Sysroot, WriteError};
 use rand_core::{CryptoRng, RngCore};

@@ -2,15 +2,14 @@
 //! acknowledged, host keys not made for this VM id).
 
 use super::hostkeys::{self, Keygen};
+use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
+use super::network::{network, prepare_network, release_network, wireserver_addr};
 use super::options::Options;
-use super::stages::{
-    finish_host_keys_later, install_host_keys, network, prepare_network, record_report,
-    release_network, report, report_deadline, wireserver_addr, writable,
-};
+use super::report::{record_report, report, report_deadline};
 use super::state::{Acked, State};
 use super::summary::Summary;
-use super::sysroot::Sysroot;
+use super::sysroot::{writable, Sysroot};
 use crate::azure::http::Client;
 use crate::azure::wireserver::WireServer;
 use crate::deadline::Deadline;
@@ -51,7 +50,7 @@ pub(super) fn finish_provisioned(
         return;
     }
     let before = state.clone();
-    let _writable = writable(opts);
+    let _writable = writable(&opts.root, opts.remount);
     if resend && resend_ready(opts, root, state.hostname.as_deref(), s) {
         state.report = Some(Acked::Ready);
         state.reported_at = Some(crate::time::now_rfc3339());

@@ -4,35 +4,28 @@
 use super::data::ProvisioningData;
 use super::fstab;
 use super::hostkeys::{self, Keygen};
+use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::merge::merge;
+use super::network::{network, prepare_network, release_network, wireserver_addr, NetStart};
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
-use super::stages::{
-    finish_host_keys_later, install_host_keys, ms, network, prepare_network, record_report,
-    release_network, report, report_deadline, wireserver_addr, writable, NetStart, Stage,
-};
+use super::report::{record_report, report, report_deadline};
+use super::sources::{describe_media, metadata, read_media, MEDIA_SHARE};
+use super::stage::{ms, Stage};
 use super::state::{State, UNKNOWN_VM};
 pub use super::summary::{Report, Summary};
-use super::sysroot::{self, Sysroot};
+use super::sysroot::{self, writable, Sysroot};
 use super::write::Written;
 use super::{Failure, Reason};
-use crate::azure::http::{Client, HttpError, TransportKind};
-use crate::azure::ovf::{self, OvfEnv};
+use crate::azure::http::Client;
+use crate::azure::ovf::OvfEnv;
 use crate::azure::wireserver::{Reported, WireServer};
-use crate::azure::{imds, media, platform, vmid};
+use crate::azure::{platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// The share of the deadline each stage may use at most, as a divisor or fraction of what is
-/// left when it starts: media 1/5 of the whole, DHCP all that remains but a reserve
-/// (`stages::DHCP_RESERVE`, at least half of it), IMDS 2/3 of what is left then.
-const MEDIA_SHARE: u32 = 5;
-const IMDS_SHARE: (u32, u32) = (2, 3);
-/// The first goal-state fetch, beside IMDS, only checks the WireServer early.
-const PROBE_BUDGET: Duration = Duration::from_secs(10);
+use std::path::Path;
+use std::time::Instant;
 
 /// Why the root counts as provisioned already, or None.
 pub fn already_provisioned(root: &Sysroot, dmi: &Path, sys: &Path) -> Option<String> {
@@ -57,7 +50,7 @@ fn remove_stale_temporaries(opts: &Options, root: &Sysroot) {
     if stale.is_empty() {
         return;
     }
-    let _writable = writable(opts);
+    let _writable = writable(&opts.root, opts.remount);
     for p in stale {
         let removed = if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
             std::fs::remove_dir_all(&p)
@@ -68,73 +61,6 @@ fn remove_stale_temporaries(opts: &Options, root: &Sysroot) {
             Ok(()) => log::info!("removed {}, left by an interrupted run", p.display()),
             Err(e) => log::warn!("cannot remove {}: {e}", p.display()),
         }
-    }
-}
-
-/// The IMDS reason for the last cause behind `e`, with the whole error as detail.
-fn imds_failure(e: &HttpError) -> Failure {
-    fn reason(e: &HttpError) -> Reason {
-        match e {
-            HttpError::Deadline { last, .. } => reason(last),
-            HttpError::Transport {
-                kind: TransportKind::Timeout,
-                ..
-            } => Reason::ImdsTimeout,
-            HttpError::Transport { .. } => Reason::ImdsConnection,
-            HttpError::Status { .. } => Reason::ImdsHttp,
-            HttpError::Invalid { .. } | HttpError::TooLarge { .. } => Reason::ImdsParse,
-        }
-    }
-    Failure::new(reason(e), e)
-}
-
-fn read_media(opts: &Options, deadline: Deadline) -> Result<Option<OvfEnv>, Failure> {
-    let (name, bytes) = match &opts.media {
-        MediaSource::File(f) => {
-            let b = std::fs::read(f)
-                .map_err(|e| Failure::new(Reason::OvfRead, format!("{}: {e}", f.display())))?;
-            (f.display().to_string(), b)
-        }
-        MediaSource::Devices(extra) => {
-            // PID 1: a drive that is there while the last drivers load is read at once;
-            // without one, the drivers that could bring one are waited for first
-            let early = !media::cdrom_devices(&opts.dev).is_empty();
-            if !early {
-                opts.modules.wait();
-            }
-            let drives = media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle);
-            let mut found = media::read_ovf(&drives, extra, deadline, &opts.modules);
-            if early && !matches!(found, Ok(Some(_))) {
-                // nothing on the drives at hand: others may come with the last drivers
-                opts.modules.wait();
-                let later: Vec<PathBuf> =
-                    media::wait_for_drives(&opts.dev, &opts.sys, opts.cdrom_settle)
-                        .into_iter()
-                        .filter(|d| !drives.contains(d))
-                        .collect();
-                if !later.is_empty() {
-                    found = match (found, media::read_ovf(&later, &[], deadline, &opts.modules)) {
-                        (_, Ok(Some(f))) => Ok(Some(f)),
-                        (Err(e), _) => Err(e),
-                        (_, r) => r,
-                    };
-                }
-            }
-            match found {
-                Ok(Some(found)) => found,
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(Failure::new(Reason::MediaRead, e)),
-            }
-        }
-    };
-    match ovf::parse(&bytes) {
-        Ok(env) => Ok(Some(env)),
-        // Some other XML document, not Azure's provisioning data: no OVF, not a broken one.
-        Err(e @ ovf::OvfError::NotAzure) => {
-            log::info!("{name}: {e}; ignored");
-            Ok(None)
-        }
-        Err(e) => Err(Failure::new(e.reason(), format!("{name}: {e}"))),
     }
 }
 
@@ -185,7 +111,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
     root.set_deadline(deadline);
     let earlier = State::load(root);
     // read-only again when this run ends, whichever way
-    let _writable = writable(opts);
+    let _writable = writable(&opts.root, opts.remount);
     // new host keys for the new VM, made beside the other stages
     let keygen = opts
         .host_keys
@@ -269,7 +195,7 @@ impl<'a> Run<'a> {
         }
         if self.opts.host_keys && super::hostkeys::none_in(self.root) {
             log::info!("host keys: the root has none; making them (no network needed)");
-            let _writable = writable(self.opts);
+            let _writable = writable(&self.opts.root, self.opts.remount);
             let generated = keygen.map_or_else(
                 || hostkeys::generate(&self.opts.sys, &self.opts.host_key_types),
                 Keygen::join,
@@ -286,7 +212,9 @@ impl<'a> Run<'a> {
     fn grow_root(&mut self) {
         let opts = self.opts;
         if opts.growroot && is_mount_point(&opts.root) {
-            let grown = super::growroot::run(&opts.root, &opts.sys, &opts.dev, || writable(opts));
+            let grown = super::growroot::run(&opts.root, &opts.sys, &opts.dev, || {
+                writable(&opts.root, opts.remount)
+            });
             let line = grown.unwrap_or_else(|why| format!("skipped: {why}"));
             log::info!("growroot: {line}");
             self.s.growroot = Some(line);
@@ -492,48 +420,4 @@ fn is_mount_point(path: &Path) -> bool {
         (Ok(a), Ok(b)) => a.dev() != b.dev() || a.ino() == b.ino(),
         _ => false,
     }
-}
-
-/// The media stage's line: what the OVF names, or that there was none.
-fn describe_media(ovf: &Option<OvfEnv>) -> String {
-    match ovf {
-        Some(o) => format!(
-            "ovf-env.xml for {} / {}",
-            o.hostname,
-            o.username.as_deref().unwrap_or("(from IMDS)")
-        ),
-        None => "no provisioning media; IMDS only".into(),
-    }
-}
-
-/// IMDS at `url`, beside a first goal-state fetch that checks the WireServer early (the report
-/// fetches the goal state again right before posting). The probe runs on a thread of its own
-/// and is never waited for: the IMDS result is used as soon as it arrives.
-fn metadata(url: &str, ws: &WireServer, deadline: Deadline) -> Result<imds::Imds, Failure> {
-    let dl = deadline.min(deadline.remaining() * IMDS_SHARE.0 / IMDS_SHARE.1);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let addr = ws.addr;
-    let probe_dl = dl.min(PROBE_BUDGET);
-    std::thread::spawn(move || {
-        let client = Client::new();
-        let probe = WireServer {
-            client: &client,
-            addr,
-        };
-        let _ = tx.send(probe.fetch_goal_state(probe_dl));
-    });
-    let m = imds::fetch(ws.client, url, dl);
-    match rx.try_recv() {
-        Ok(Ok(g)) => log::info!(
-            "wireserver {}: goal state incarnation {}",
-            ws.addr,
-            g.incarnation
-        ),
-        Ok(Err(e)) => log::warn!("wireserver {}: first goal state fetch: {e}", ws.addr),
-        Err(_) => log::debug!(
-            "wireserver {}: first goal state fetch still running; not waited for",
-            ws.addr
-        ),
-    }
-    m.map_err(|e| imds_failure(&e))
 }

@@ -135,6 +135,7 @@ pub struct Sysroot {
     /// Whether owners are set or only recorded ([`Owners`]).
     owners: Owners,
     /// Tests: the number of writes that succeed before one fails with ENOSPC.
+
     #[cfg(test)]
     pub(crate) writes_left: std::sync::atomic::AtomicUsize,
     /// Tests: the directory fsyncs a rename got at once, and the syncfs calls.
@@ -435,3 +436,26 @@ pub(super) fn fcntl_lock(
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// Hook mode (`remount`, `Options::remount`): the root as the framework mounted it, made
+/// writable when it is read-only, until the guard drops. A failure is logged; the writes then
+/// fail and are reported with their reason.
+pub fn writable(root: &Path, remount: bool) -> Option<crate::sys::mount::Writable> {
+    if !remount {
+        return None;
+    }
+    match crate::sys::mount::make_writable(root) {
+        Ok(Some(w)) => {
+            log::info!("{}: remounted read-write for provisioning", root.display());
+            Some(w)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log::warn!(
+                "{}: read-only and cannot remount read-write: {e}",
+                root.display()
+            );
+            None
+        }
+    }
+}

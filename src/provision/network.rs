@@ -1,0 +1,117 @@
+//! The network of a run: DHCP's first half begun beside the media read, the lease, the
+//! WireServer's address, and the lease undone at the end.
+
+use super::options::Options;
+use super::stage::Stage;
+use super::{Failure, Reason};
+use crate::azure::wireserver;
+use crate::deadline::Deadline;
+use crate::net::apply::Applied;
+use crate::net::dhclient::{self, DhcpError, Prepared};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// DHCP's share when the reserve below would leave it less: half of what is left.
+const DHCP_SHARE: u32 = 2;
+/// What the stages after DHCP need, kept back from its budget: IMDS, the writes and the report
+/// take well under a second when the fabric answers, and the rest leaves IMDS room for a few
+/// retries. A slow DHCP server can use everything else.
+pub(crate) const DHCP_RESERVE: Duration = Duration::from_secs(3);
+/// DHCP's first half, begun while the media is read: when it began, its deadline, and the
+/// NIC with link up, carrier and socket (or why not).
+pub(crate) struct NetStart {
+    t: Instant,
+    deadline: Deadline,
+    prepared: Result<Prepared, DhcpError>,
+}
+
+/// `--wireserver` (`flag`), else the lease's option 245, else 168.63.129.16; port 80.
+pub(crate) fn wireserver_addr(
+    flag: Option<SocketAddr>,
+    network: &Result<Option<Applied>, Failure>,
+) -> SocketAddr {
+    let lease_ws = match network {
+        Ok(Some(applied)) => applied.lease().wireserver,
+        _ => None,
+    };
+    flag.unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
+}
+
+/// Picks the NIC (`iface`, else the first that is not loopback), brings its link up, waits
+/// for carrier, opens the socket; sends nothing. None with `--no-dhcp`.
+pub(crate) fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetStart> {
+    let (sys, iface, modules) = (&opts.sys, opts.iface.as_deref(), &opts.modules);
+    if !opts.dhcp {
+        return None;
+    }
+    // PID 1: the NIC's driver may be among the last to load
+    modules.wait();
+    let t = Instant::now();
+    let left = deadline.remaining();
+    let deadline = deadline.min((left / DHCP_SHARE).max(left.saturating_sub(DHCP_RESERVE)));
+    let prepared = dhclient::prepare(&sys.join("class/net"), iface, deadline);
+    Some(NetStart {
+        t,
+        deadline,
+        prepared,
+    })
+}
+
+/// The DHCP stage: the prepared NIC's lease, sending the OVF HostName as option 12 (Azure
+/// DNS registers the name the client sends), configured; Ok(None) with `--no-dhcp`. Timed
+/// from the link-up, which began with the media read. `flag` is `--wireserver`, for the log.
+pub(crate) fn network(
+    flag: Option<SocketAddr>,
+    start: Option<NetStart>,
+    hostname: Option<&str>,
+    slot: &mut u64,
+) -> Result<Option<Applied>, Failure> {
+    let Some(NetStart {
+        t,
+        deadline,
+        prepared,
+    }) = start
+    else {
+        log::info!("dhcp: skipped (--no-dhcp)");
+        return Ok(None);
+    };
+    let bring_up = || {
+        prepared
+            .and_then(|p| p.bring_up(hostname, deadline))
+            .map_err(|e| {
+                let reason = match e {
+                    _ if e.no_interface() => Reason::NoDhcpInterface,
+                    DhcpError::Apply(_) => Reason::NetworkConfig,
+                    _ => Reason::DhcpLease,
+                };
+                Failure::new(reason, e)
+            })
+    };
+    let found = |(nic, applied): &(crate::net::link::Nic, Applied)| {
+        let l = applied.lease();
+        let ws = match (flag, l.wireserver) {
+            (Some(w), _) => format!("{w} (--wireserver)"),
+            (None, Some(w)) => w.to_string(),
+            (None, None) => format!("(none, using {})", wireserver::DEFAULT_ADDR),
+        };
+        format!(
+            "{} {}/{} from {}, wireserver {ws}",
+            nic.name, l.address, l.prefix_len, l.server_id
+        )
+    };
+    Stage::since("dhcp", t)
+        .run(slot, bring_up, found)
+        .map(|(_, applied)| Some(applied))
+}
+
+/// After the report: the lease torn down (routes, address, MTU, link state as they were), or
+/// left configured with `azprov.keepnet` (`keep`).
+pub(crate) fn release_network(keep: bool, network: Result<Option<Applied>, Failure>) {
+    if let Ok(Some(applied)) = network {
+        if keep {
+            applied.keep();
+        } else if let Err(e) = applied.teardown() {
+            log::warn!("teardown: {e}");
+        }
+    }
+}
