@@ -1,6 +1,7 @@
 //! The account files: passwd, shadow, group and gshadow edited in place, the password hashed
 //! with SHA-512 crypt, a new home filled from /etc/skel.
 
+use super::passwd::{login_defs, AccountFiles, IdRanges, Table};
 use super::{io_err, Sysroot, WriteError, STATE_DIR};
 
 /// The file in azprov's state directory that names the user azprov created.
@@ -10,118 +11,6 @@ use crate::secret::Secret;
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
 
-/// `KEY VALUE` settings from /etc/login.defs.
-fn login_defs(text: &str, key: &str) -> Option<u32> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some(key))
-                .then(|| w.next().and_then(|v| v.parse().ok()))
-                .flatten()
-        })
-}
-
-/// The lines of a colon-separated account file, as bytes: lines azprov does not edit are
-/// written back byte for byte, whatever their encoding (a GECOS field in Latin-1 stays so).
-pub(super) struct Table(Vec<Vec<u8>>);
-
-fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
-    line.split(|b| *b == b':')
-}
-
-impl Table {
-    fn parse(bytes: Option<Vec<u8>>) -> Table {
-        let bytes = bytes.unwrap_or_default();
-        let mut lines: Vec<Vec<u8>> = bytes.split(|b| *b == b'\n').map(<[u8]>::to_vec).collect();
-        if lines.last().is_some_and(|l| l.is_empty()) {
-            lines.pop();
-        }
-        Table(lines)
-    }
-
-    fn find(&self, name: &str) -> Option<usize> {
-        self.0
-            .iter()
-            .position(|l| fields(l).next() == Some(name.as_bytes()))
-    }
-
-    /// Field `n` of line `i` (text fields only: ids, home, shell).
-    fn field(&self, i: usize, n: usize) -> Option<&str> {
-        self.0
-            .get(i)
-            .and_then(|l| fields(l).nth(n))
-            .and_then(|f| std::str::from_utf8(f).ok())
-    }
-
-    fn ids(&self, n: usize) -> Vec<u32> {
-        self.0
-            .iter()
-            .filter_map(|l| std::str::from_utf8(fields(l).nth(n)?).ok()?.parse().ok())
-            .collect()
-    }
-
-    fn set_field(&mut self, i: usize, n: usize, value: &[u8]) {
-        if let Some(line) = self.0.get_mut(i) {
-            let mut f: Vec<&[u8]> = fields(line).collect();
-            while f.len() <= n {
-                f.push(b"");
-            }
-            if let Some(slot) = f.get_mut(n) {
-                *slot = value;
-            }
-            *line = f.join(&b':');
-        }
-    }
-
-    fn push(&mut self, line: String) {
-        self.0.push(line.into_bytes());
-    }
-
-    /// Drops the lines whose fields `drop` picks.
-    fn remove_where(&mut self, drop: impl Fn(&[&[u8]]) -> bool) {
-        self.0.retain(|l| !drop(&fields(l).collect::<Vec<_>>()));
-    }
-
-    /// Removes `name` from the comma-separated member lists in fields `cols` of every line.
-    fn drop_member(&mut self, cols: &[usize], name: &str) {
-        for i in 0..self.0.len() {
-            for &n in cols {
-                let Some(members) = self.0.get(i).and_then(|l| fields(l).nth(n)) else {
-                    continue;
-                };
-                let kept: Vec<&[u8]> = members
-                    .split(|b| *b == b',')
-                    .filter(|m| !m.is_empty() && *m != name.as_bytes())
-                    .collect();
-                let kept = kept.join(&b',');
-                if kept.as_slice() != members {
-                    self.set_field(i, n, &kept);
-                }
-            }
-        }
-    }
-
-    /// The account other than `except` that has `uid`, when a passwd line gives one.
-    pub(super) fn name_of_uid(&self, uid: u32, except: &str) -> Option<String> {
-        (0..self.0.len()).find_map(|i| {
-            let u: u32 = self.field(i, 2)?.parse().ok()?;
-            let who = self.field(i, 0)?;
-            (u == uid && who != except).then(|| who.to_string())
-        })
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        if self.0.is_empty() {
-            return Vec::new();
-        }
-        let mut s = self.0.join(&b'\n');
-        s.push(b'\n');
-        s
-    }
-}
-
 /// The account azprov made or found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
@@ -129,13 +18,6 @@ pub struct Account {
     pub gid: u32,
     pub home: String,
     pub created: bool,
-}
-
-fn days_since_epoch() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86_400)
-        .unwrap_or(0)
 }
 
 /// SHA-512 crypt (`$6$`) with a random 16-character salt and the default 5000 rounds: the
@@ -164,66 +46,6 @@ pub(super) fn crypt_sha512(password: &str, salt: &str) -> Result<String, WriteEr
     let hash = sha_crypt::sha512_crypt_b64(password.as_bytes(), salt.as_bytes(), &params)
         .map_err(|_| WriteError::Corrupt("crypt failed".into()))?;
     Ok(format!("$6${salt}${hash}"))
-}
-
-/// login.defs' uid and gid ranges for accounts that log in (shadow's defaults without it).
-struct IdRanges {
-    uid: (u32, u32),
-    gid: (u32, u32),
-}
-
-impl IdRanges {
-    fn from_defs(defs: &str) -> Self {
-        IdRanges {
-            uid: (
-                login_defs(defs, "UID_MIN").unwrap_or(1000),
-                login_defs(defs, "UID_MAX").unwrap_or(60000),
-            ),
-            gid: (
-                login_defs(defs, "GID_MIN").unwrap_or(1000),
-                login_defs(defs, "GID_MAX").unwrap_or(60000),
-            ),
-        }
-    }
-}
-
-/// passwd, shadow, group and gshadow as read, edited in memory.
-struct AccountFiles {
-    passwd: Table,
-    shadow: Table,
-    group: Table,
-    gshadow: Table,
-    gshadow_present: bool,
-}
-
-impl AccountFiles {
-    fn read(root: &Sysroot) -> Result<Self, WriteError> {
-        Ok(AccountFiles {
-            passwd: Table::parse(root.read("/etc/passwd")?),
-            shadow: Table::parse(root.read("/etc/shadow")?),
-            group: Table::parse(root.read("/etc/group")?),
-            gshadow_present: root.exists("/etc/gshadow"),
-            gshadow: Table::parse(root.read("/etc/gshadow")?),
-        })
-    }
-
-    /// shadow: the hash, or locked ("!") for a new account without a password.
-    fn set_password(&mut self, name: &str, hash: Option<&Secret<String>>) {
-        match self.shadow.find(name) {
-            Some(i) => {
-                if let Some(h) = hash {
-                    self.shadow.set_field(i, 1, h.expose().as_bytes());
-                    self.shadow
-                        .set_field(i, 2, days_since_epoch().to_string().as_bytes());
-                }
-            }
-            None => {
-                let pw = hash.map_or("!", |h| h.expose().as_str());
-                self.shadow
-                    .push(format!("{name}:{pw}:{}:0:99999:7:::", days_since_epoch()));
-            }
-        }
-    }
 }
 
 impl Sysroot {

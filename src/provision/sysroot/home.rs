@@ -1,7 +1,8 @@
 //! The admin's home: a new one filled from /etc/skel under a temporary name and renamed into
 //! place, each file labelled as it will be called; an existing one of another uid taken over.
 
-use super::accounts::{Account, Table};
+use super::accounts::Account;
+use super::passwd::Table;
 use super::{io_err, write_temp, Owners, Sysroot, WriteError};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -13,6 +13,7 @@ pub mod includes;
 pub mod kvp;
 pub mod label;
 mod owners;
+mod passwd;
 
 pub use accounts::{hash_password, Account};
 pub use files::{SSHD_CONFIG, SSHD_DROP_IN, SUDOERS};
