@@ -49,13 +49,12 @@ fn references(text: &str) -> Vec<(String, Option<String>)> {
     let mut rest = flat.as_str();
     while let Some(at) = rest.find("docs/") {
         rest = &rest[at + "docs/".len()..];
-        let name: String = rest
+        let taken: String = rest
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-' || *c == '.')
             .collect();
-        let Some(name) = name.strip_suffix('.').map(str::to_owned).or(Some(name)) else {
-            continue;
-        };
+        // a reference that ends a sentence takes its full stop along
+        let name = taken.trim_end_matches('.').to_owned();
         if !name.ends_with(".md") {
             continue;
         }

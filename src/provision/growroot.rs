@@ -268,20 +268,18 @@ pub fn restore_tables(
         // until its node opens and its size is known
         let path = dev.join(&disk);
         let size = sectors(sys, &disk).filter(|&s| s > 0).map(|s| s * 512);
-        let (Some(bytes), Ok(f)) = (size, File::open(&path)) else {
+        let (Some(bytes), Ok(file)) = (size, File::open(&path)) else {
             continue;
         };
         checked.insert(disk.clone());
-        let mut read = |at: u64, len: usize| {
-            let mut b = vec![0u8; len];
-            f.read_exact_at(&mut b, at).ok().map(|_| b)
-        };
-        let Some(fix) = grow::restore(&mut read, bytes, logical_block_size(sys, &disk)) else {
+        let mut calls = Disk { path: &path, file };
+        let sector = logical_block_size(sys, &disk);
+        let Some(fix) = grow::restore(&mut |at, len| calls.read(at, len), bytes, sector) else {
             continue;
         };
-        match write_in_order(&path, &fix)
-            .and_then(|()| crate::sys::block::reread_partitions(&f).map_err(|e| e.to_string()))
-        {
+        match calls.write(&fix).and_then(|()| {
+            crate::sys::block::reread_partitions(&calls.file).map_err(|e| e.to_string())
+        }) {
             Ok(()) => {
                 log::warn!(
                     "growroot: {disk}'s primary GPT was not sound (a cut during a grow); put back \

@@ -28,9 +28,9 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Why the root counts as provisioned already, or None.
-pub fn already_provisioned(root: &Sysroot, dmi: &Path, sys: &Path) -> Option<String> {
+pub fn already_provisioned(root: &Sysroot, vm_id: Option<&str>) -> Option<String> {
     let marker = root.read_marker()?;
-    match vmid::read(dmi, sys) {
+    match vm_id {
         Some(id) if id == marker => Some(format!("VM id {id} matches {}", sysroot::MARKER)),
         Some(id) => {
             log::info!(
@@ -238,7 +238,8 @@ impl<'a> Run<'a> {
         if self.opts.force {
             return None;
         }
-        already_provisioned(self.root, &self.opts.dmi, &self.opts.sys)
+        // the VM id the run read from DMI at its start
+        already_provisioned(self.root, self.s.vm_id.as_deref())
     }
 
     /// A provisioned reboot: nothing, or what the first boot still owes (reboot.rs).
