@@ -22,8 +22,9 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "qemu-tests"))
-import harness  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, ".."))
+from testbed.host import CACHE, sh  # noqa: E402
+from testbed.images import fetch_deb  # noqa: E402
 
 MSG = 7432
 HV_S_OK, HV_E_FAIL, HV_S_CONT = 0, 0x80004005, 0x80070103
@@ -62,13 +63,13 @@ WRAP(open64)
 
 def shim():
     """The shim, built once into the cache."""
-    out = os.path.join(harness.CACHE, "kvp-shim.so")
+    out = os.path.join(CACHE, "kvp-shim.so")
     if not os.path.exists(out):
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "shim.c")
             with open(src, "w") as f:
                 f.write(SHIM)
-            harness.sh("cc", "-shared", "-fPIC", "-O2", "-o", out + ".tmp", src, "-ldl")
+            sh("cc", "-shared", "-fPIC", "-O2", "-o", out + ".tmp", src, "-ldl")
         os.rename(out + ".tmp", out)
     return out
 
@@ -167,7 +168,7 @@ def listening(path):
 # ---------------------------------------------------------------- the readers
 def read_cloud_init(pool_file):
     """cloud-init's own reader of the guest pool (Debian 12's package, unpacked)."""
-    root = harness.fetch_deb("cloud-init")
+    root = fetch_deb("cloud-init")
     code = ("import json, sys\n"
             "from cloudinit.reporting.handlers import HyperVKvpReportingHandler as H\n"
             "H._already_truncated_pool_file = True\n"
@@ -181,7 +182,7 @@ def read_cloud_init(pool_file):
 
 def run_daemon(pool_dir):
     """Debian's hv_kvp_daemon with POOL_DIR as its /var/lib/hyperv, under the transcript."""
-    daemon = os.path.join(harness.fetch_deb("hyperv-daemons"), "usr", "sbin", "hv_kvp_daemon")
+    daemon = os.path.join(fetch_deb("hyperv-daemons"), "usr", "sbin", "hv_kvp_daemon")
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "kvp.sock")
         listener = listening(sock)

@@ -413,7 +413,7 @@ pub fn read(p: &Path) -> String {
 }
 
 impl Net {
-    /// The mock fabric (qemu-tests/fabric.py) on 168.63.129.16:80 and 169.254.169.254:80 in
+    /// The mock fabric (testbed/fabric.py) on 168.63.129.16:80 and 169.254.169.254:80 in
     /// the fabric namespace. `doc` is the IMDS document, `playbook` its fault list.
     pub fn fabric(
         &mut self,
@@ -426,7 +426,7 @@ impl Net {
         std::fs::write(&doc_path, serde_json::to_vec(doc).unwrap()).unwrap();
         std::fs::write(&pb_path, serde_json::to_vec(playbook).unwrap()).unwrap();
         let log = self.path("fabric.jsonl");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/qemu-tests/fabric.py");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/testbed/fabric.py");
         let (d, p, l) = (
             doc_path.display().to_string(),
             pb_path.display().to_string(),

@@ -1,23 +1,19 @@
 """The simulated fabric's endpoints against recorded samples (tests/fixtures) and Azure's
-documented behaviour: python3 -m unittest discover -s qemu-tests -p 'test_*.py'
+documented behaviour: python3 -m unittest discover -s testbed -t . (from the checkout's top)
 
 The fabric listens on loopback ports of its own here; no namespace, no root.
 """
 import json
 import os
-import sys
 import tempfile
 import unittest
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import fabric  # noqa: E402
-import harness  # noqa: E402
+from testbed import fabric, images
+from testbed.host import FIXTURES
 
-FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
 WS_NS = "{http://schemas.microsoft.com/windowsazure}"
 
 
@@ -198,7 +194,7 @@ def harness_health(gs, inc):
 class OvfTest(unittest.TestCase):
     def test_the_ovf_has_what_walas_sample_has_and_cloud_init_requires(self):
         wala = ET.parse(os.path.join(FIXTURES, "ovf", "wala.xml")).getroot()
-        ours = ET.fromstring(harness.ovf_env("vm1", "azureuser", keys=["ssh-ed25519 AAAA k@h"], password="pw",
+        ours = ET.fromstring(images.ovf_env("vm1", "azureuser", keys=["ssh-ed25519 AAAA k@h"], password="pw",
                                              custom_data=b"#!/bin/sh\n"))
         # what azure-init's samples add to WALA's (PreprovisionedVMType is what cloud-init reads);
         # WALA's sample carries a KeyPairs entry (a certificate-delivered private key) we never send
@@ -216,7 +212,7 @@ class OvfTest(unittest.TestCase):
                          "ssh-ed25519 AAAA k@h")
 
     def test_the_imds_interface_is_as_azure_lists_it(self):
-        (nic,) = harness.imds_interface("00:0d:3a:ab:cd:ef", "10.44.0.4")
+        (nic,) = images.imds_interface("00:0d:3a:ab:cd:ef", "10.44.0.4")
         self.assertEqual(nic["macAddress"], "000D3AABCDEF")
         self.assertEqual(nic["ipv4"]["ipAddress"][0]["privateIpAddress"], "10.44.0.4")
 

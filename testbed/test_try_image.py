@@ -1,19 +1,11 @@
 """scripts/try-image's checks that need no VM: what Azure's upload would refuse.
-python3 -m unittest discover -s qemu-tests -p 'test_*.py' (needs qemu-img; no root)."""
-import importlib.machinery
-import importlib.util
+python3 -m unittest discover -s testbed -t . (from the checkout's top; needs qemu-img; no root)."""
 import os
 import subprocess
-import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-_loader = importlib.machinery.SourceFileLoader("try_image", os.path.join(HERE, "..", "scripts", "try-image"))
-_spec = importlib.util.spec_from_loader("try_image", _loader)
-try_image = importlib.util.module_from_spec(_spec)
-_loader.exec_module(try_image)
+from testbed import try_image
 
 
 class Upload(unittest.TestCase):
