@@ -75,20 +75,20 @@ class Azure:
         for stale in (self.fabric_log, self.dnsmasq_log, os.path.join(work, "dnsmasq.leases")):
             if os.path.exists(stale):
                 os.remove(stale)
-        fab = subprocess.Popen(["ip", "netns", "exec", self.ns, "python3", FABRIC,
-                                "--log", self.fabric_log, "--imds-doc", os.path.join(work, "imds.json"),
-                                "--playbook", os.path.join(work, "playbook.json"), "--vm-address", GUEST_IP,
-                                *fabric_args],
+        fab = subprocess.Popen(self.inside("python3", FABRIC, "--log", self.fabric_log,
+                                           "--imds-doc", os.path.join(work, "imds.json"),
+                                           "--playbook", os.path.join(work, "playbook.json"), "--vm-address", GUEST_IP,
+                                           *fabric_args),
                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self.procs.append(fab)
         if fab.stdout.readline() != b"fabric ready\n":
             raise RuntimeError(f"the fabric did not start (exit {fab.poll()})")
-        args = ["ip", "netns", "exec", self.ns, "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts",
-                "--port=0", "--interface=tap0", "--bind-interfaces", "--user=root", "--no-ping",
-                "--dhcp-authoritative", "--log-dhcp", f"--log-facility={self.dnsmasq_log}",
-                f"--dhcp-leasefile={work}/dnsmasq.leases", f"--pid-file={work}/dnsmasq.pid",
-                "--dhcp-range=10.44.0.10,10.44.0.50,255.255.255.0,infinite",
-                f"--dhcp-host={GUEST_MAC},{GUEST_IP}"]
+        args = self.inside("dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--port=0",
+                           "--interface=tap0", "--bind-interfaces", "--user=root", "--no-ping",
+                           "--dhcp-authoritative", "--log-dhcp", f"--log-facility={self.dnsmasq_log}",
+                           f"--dhcp-leasefile={work}/dnsmasq.leases", f"--pid-file={work}/dnsmasq.pid",
+                           "--dhcp-range=10.44.0.10,10.44.0.50,255.255.255.0,infinite",
+                           f"--dhcp-host={GUEST_MAC},{GUEST_IP}")
         # Azure's DHCP sends every option unasked (option 245 too, which few clients ask for)
         args += ["--dhcp-option-force=" + o for o in azure_dhcp_options(GATEWAY)
                  if option245 or not o.startswith("245,")]
@@ -97,6 +97,28 @@ class Azure:
             if os.path.exists(self.dnsmasq_log) and "DHCP, IP range" in open(self.dnsmasq_log).read():
                 break
             time.sleep(0.02)
+
+    def inside(self, *args):
+        """`args` as a command line run in the namespace."""
+        return ["ip", "netns", "exec", self.ns, *args]
+
+    def ssh(self, key, user, addr, command, timeout=20, connect_timeout=3):
+        """`command` over SSH as `user`@`addr` with `key` (no host key kept): the finished ssh
+        (whatever its exit), or None when it took over `timeout` s."""
+        try:
+            return subprocess.run(self.inside("ssh", "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                                              "-o", "UserKnownHostsFile=/dev/null", "-o",
+                                              f"ConnectTimeout={connect_timeout}", "-o", "LogLevel=ERROR",
+                                              f"{user}@{addr}", command),
+                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def keyscan(self, addr, kinds="ed25519,ecdsa,rsa", timeout=2):
+        """The host keys sshd at `addr` offers (ssh-keyscan's lines; "" when none)."""
+        return subprocess.run(self.inside("ssh-keyscan", "-T", str(timeout), "-t", kinds, addr), capture_output=True,
+                              text=True, check=False).stdout
 
     def requests(self):
         """What the fabric received so far, one dict per request (fabric.py's log)."""

@@ -32,8 +32,8 @@ def main():
         root = make_root(work)
         cd = make_cd(work, hostname)
         append = kernel_append("gen1")
-        cmd = ["ip", "netns", "exec", azure.ns, "timeout", str(VM_TIMEOUT)] + \
-            qemu_args("gen1", kernel_img, initrd, root, cd, append, "tcg") + ["-serial", "stdio"]
+        cmd = azure.inside("timeout", str(VM_TIMEOUT), *qemu_args("gen1", kernel_img, initrd, root, cd, append, "tcg"),
+                           "-serial", "stdio")
         print("\n== booting (QEMU TCG, -M pc, IDE CD, virtio disk; the fabric is at 168.63.129.16 and 169.254.169.254)", flush=True)
         start = time.time()
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace") as p:

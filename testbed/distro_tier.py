@@ -104,11 +104,10 @@ def hardened_checks(c, r, what):
 
 def rsa_fingerprint(b, azure):
     """The SHA256 fingerprint of the RSA host key the guest's sshd offers, or None."""
-    k = subprocess.run(["ip", "netns", "exec", azure.ns, "ssh-keyscan", "-T", "5", "-t", "rsa", b.guest_addr()],
-                       capture_output=True, text=True, check=False)
-    if "ssh-rsa" not in k.stdout:
+    keys = azure.keyscan(b.guest_addr(), "rsa", timeout=5)
+    if "ssh-rsa" not in keys:
         return None
-    f = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=k.stdout, capture_output=True, text=True, check=False)
+    f = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=keys, capture_output=True, text=True, check=False)
     return next((w for w in f.stdout.split() if w.startswith("SHA256:")), None)
 
 
@@ -164,9 +163,7 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
                 # sshd offers it once reloaded, fingerprinted on the console with the others
                 offered, t_rsa = "", None
                 while time.time() - b.start < BOOT_TIMEOUT and b.guest_addr():
-                    k = subprocess.run(["ip", "netns", "exec", azure.ns, "ssh-keyscan", "-T", "2", "-t",
-                                        "ed25519,ecdsa,rsa", b.guest_addr()], capture_output=True, text=True, check=False)
-                    offered = k.stdout
+                    offered = azure.keyscan(b.guest_addr())
                     if "ssh-rsa" in offered:
                         t_rsa = time.time() - b.start
                         break
@@ -236,11 +233,9 @@ def keyless_boot(ctx):
             t_login = b.wait_console(" login: ")
             keys, t_ssh = "", None
             while t_login and time.time() - b.start < BOOT_TIMEOUT and b.guest_addr():
-                r = subprocess.run(["ip", "netns", "exec", azure.ns, "ssh-keyscan", "-T", "2", "-t", "ed25519,ecdsa,rsa",
-                                    b.guest_addr()], capture_output=True, text=True, check=False)
-                if r.stdout.strip() and t_ssh is None:
+                keys = azure.keyscan(b.guest_addr())
+                if keys.strip() and t_ssh is None:
                     t_ssh = time.time() - b.start
-                keys = r.stdout
                 # ed25519 and ECDSA come first; RSA once its process made it and reloaded sshd
                 if "ssh-rsa" in keys:
                     break

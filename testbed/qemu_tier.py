@@ -21,7 +21,7 @@ from testbed.host import OUT, TOP, build, log, sh
 from testbed.images import (KEY, ROOT_UUID, debugfs_cat, ext4_clean, fetch_deb, gpt_primary, imds_doc, kernel,
                             make_cd, make_root, partitioned, sfdisk_dump)
 from testbed.vm import (AZURE_ASSET_TAG, DMI_UUID, FINGERPRINTS_BEGIN, FINGERPRINTS_END, boot, boot_cut,
-                        console_text, kvm_works)
+                        console_text, kvm_usable)
 
 
 @contextlib.contextmanager
@@ -410,18 +410,19 @@ def run_arm64(ctx):
         append = (f"console=ttyAMA0 loglevel=6 panic=-1 root=UUID={ROOT_UUID} rw rootwait "
                   f"azprov.timeout=90 azprov.onfail=poweroff {os.environ.get('QEMU_TESTS_APPEND', '')}").strip()
         console = os.path.join(work, "console.log")
-        cmd = ["ip", "netns", "exec", azure.ns, "timeout", "400",
-               "qemu-system-aarch64", "-M", "virt", "-cpu", "max", "-accel", "tcg", "-m", "512", "-smp", "1",
-               "-nodefaults", "-display", "none", "-no-reboot", "-uuid", DMI_UUID,
-               "-bios", "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd",
-               "-smbios", f"type=3,asset={AZURE_ASSET_TAG}",
-               "-kernel", kernel_img, "-initrd", initrd, "-append", append,
-               "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no", "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}",
-               "-device", "virtio-scsi-pci,id=scsi0",
-               "-drive", f"file={root},format=raw,if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0",
-               "-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
-               "-device", "scsi-cd,drive=cd0,bus=scsi0.0",
-               "-serial", f"file:{console}"]
+        cmd = azure.inside(
+            "timeout", "400", "qemu-system-aarch64", "-M", "virt", "-cpu", "max", "-accel", "tcg", "-m", "512",
+            "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-uuid", DMI_UUID,
+            "-bios", "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd",
+            "-smbios", f"type=3,asset={AZURE_ASSET_TAG}",
+            "-kernel", kernel_img, "-initrd", initrd, "-append", append,
+            "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
+            "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}",
+            "-device", "virtio-scsi-pci,id=scsi0",
+            "-drive", f"file={root},format=raw,if=none,id=hd0", "-device", "scsi-hd,drive=hd0,bus=scsi0.0",
+            "-drive", f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on",
+            "-device", "scsi-cd,drive=cd0,bus=scsi0.0",
+            "-serial", f"file:{console}")
         start = time.time()
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         took = time.time() - start
@@ -473,7 +474,7 @@ def main():
     r = subprocess.run([os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "--azprov", azprov, "-o", initrd],
                        check=True, stdout=subprocess.PIPE, text=True)
     log(r.stdout.strip())
-    accel = "kvm" if kvm_works(kernel_img, initrd) else "tcg"
+    accel = "kvm" if kvm_usable() else "tcg"
     log(f"kernel {os.path.basename(kernel_img)}, accel {accel}, setup {time.time() - t0:.1f}s")
 
     def one(i, name):

@@ -26,7 +26,7 @@ import uuid
 
 from testbed.azure import GUEST_IP, GUEST_MAC, Azure
 from testbed.images import imds_interface, ovf_env, write_cd
-from testbed.vm import AZURE_ASSET_TAG, FINGERPRINTS_END, console_text
+from testbed.vm import AZURE_ASSET_TAG, FINGERPRINTS_END, console_text, kvm_usable
 
 OVMF_CODE = "/usr/share/OVMF/OVMF_CODE_4M.fd"
 OVMF_VARS = "/usr/share/OVMF/OVMF_VARS_4M.fd"
@@ -203,22 +203,6 @@ def image_host_keys(path, fmt, work):
 def fingerprint(pubkey):
     r = subprocess.run(["ssh-keygen", "-l", "-f", "-"], input=pubkey, capture_output=True, check=False)
     return r.stdout.split()[1].decode() if r.returncode == 0 and r.stdout else None
-
-
-def kvm_usable():
-    """KVM when /dev/kvm opens and a VM with the host's CPU starts. A software-nested KVM
-    (kvm_pvm) opens and starts too, then crawls through emulation and dies in the kernel's
-    decompressor: taken as no KVM."""
-    if os.path.exists("/sys/module/kvm_pvm"):
-        return False
-    try:
-        os.close(os.open("/dev/kvm", os.O_RDWR))
-    except OSError:
-        return False
-    r = subprocess.run(["timeout", "3", "qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "pc", "-m", "64",
-                        "-nodefaults", "-display", "none", "-S", "-monitor", "none"],
-                       capture_output=True, stdin=subprocess.DEVNULL, check=False)
-    return r.returncode == 124  # still running when timeout stopped it
 
 
 # ---------------------------------------------------------------- the VM
@@ -407,9 +391,8 @@ class SshdWatch:
 
     def __init__(self, azure):
         self.start = time.time()
-        self.proc = subprocess.Popen(["ip", "netns", "exec", azure.ns, sys.executable, "-c", SSHD_PROBE,
-                                      GUEST_IP], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(azure.inside(sys.executable, "-c", SSHD_PROBE, GUEST_IP), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.t_answered = None  # seconds from the watch's start until sshd's banner was seen
         self.last_refusal = None  # what ssh printed when the last login failed
 
@@ -447,15 +430,7 @@ class SshdWatch:
 
 def ssh_run(azure, key, user, command, timeout=20):
     """`command` over SSH as `user`: the finished ssh, or None when it took over `timeout` s."""
-    try:
-        return subprocess.run(["ip", "netns", "exec", azure.ns, "ssh", "-i", key, "-o", "BatchMode=yes",
-                               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                               "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR", f"{user}@{GUEST_IP}",
-                               command],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        return None
+    return azure.ssh(key, user, GUEST_IP, command, timeout)
 
 
 def ssh(azure, key, user, command, timeout=20):
@@ -554,7 +529,7 @@ def run(a):
     tag = f"t{os.getpid() % 1000}"
     with Azure(work, tag, imds_doc(a, key_pub), playbook(a), fabric_args=fabric_args) as azure:
         result["fabric_log"] = azure.fabric_log
-        cmd = ["ip", "netns", "exec", azure.ns] + qemu_command(a, work, overlay, cd, accel, cpus, memory)
+        cmd = azure.inside(*qemu_command(a, work, overlay, cd, accel, cpus, memory))
         with open(os.path.join(work, "qemu.cmd"), "w") as f:
             f.write(" ".join(cmd) + "\n")
         start = time.time()
@@ -642,8 +617,7 @@ def run(a):
 def reboot(a, work, overlay, cd, accel, cpus, memory, azure, key, before):
     """The second boot of the VM's disk: when SSH answered, and what reached the fabric (a
     provisioned reboot needs nothing from it)."""
-    cmd = ["ip", "netns", "exec", azure.ns] + qemu_command(a, work, overlay, cd, accel, cpus, memory,
-                                                            console="console-reboot.log")
+    cmd = azure.inside(*qemu_command(a, work, overlay, cd, accel, cpus, memory, console="console-reboot.log"))
     say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     say("try-image: rebooting (powered off from inside, QEMU started again on the same disk)")
     start = time.time()

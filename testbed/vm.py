@@ -4,8 +4,8 @@ its power-off (`boot`), a boot cut by a power cut at a chosen write (`boot_cut`)
 Debian image running in the background that a test logs into over SSH. Every VM runs inside an
 Azure's namespace (testbed/azure.py), its NIC on tap0.
 
-TCG only, unless a trial boot proves KVM works (`kvm_works`; on these machines /dev/kvm is a
-software nested hypervisor that cannot boot a stock kernel). QEMU_TESTS_APPEND adds kernel
+TCG only, unless KVM proves usable (`kvm_usable`; on these machines /dev/kvm is a software
+nested hypervisor that cannot boot a stock kernel). QEMU_TESTS_APPEND adds kernel
 parameters to every boot of `boot` and `boot_cut` (e.g. azprov.log=debug).
 """
 import json
@@ -87,9 +87,9 @@ def boot(azure, work, shape, kernel_img, initrd, root_img, cd, extra_append="", 
     ran, the console (with QEMU's exit code and stderr when it failed) and the exit code."""
     append = kernel_append(shape, extra_append)
     console = os.path.join(work, "console.log")
-    cmd = ["ip", "netns", "exec", azure.ns, "timeout", str(timeout)] + \
-        qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, on_azure, nic=nic) + \
-        ["-serial", f"file:{console}"] + list(qemu_extra)
+    cmd = azure.inside("timeout", str(timeout),
+                       *qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, on_azure, nic=nic),
+                       "-serial", f"file:{console}", *qemu_extra)
     start = time.time()
     rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     took = time.time() - start
@@ -138,9 +138,8 @@ def boot_cut(azure, work, kernel_img, initrd, disk, cd, sector=None, console_mar
     for f in (console, sock):
         if os.path.exists(f):
             os.remove(f)
-    cmd = ["ip", "netns", "exec", azure.ns] + \
-        qemu_args("gen2", kernel_img, initrd, None, cd, kernel_append("gen2"), "tcg", disk_blockdev=node) + \
-        ["-serial", f"file:{console}", "-qmp", f"unix:{sock},server=on,wait=off"]
+    cmd = azure.inside(*qemu_args("gen2", kernel_img, initrd, None, cd, kernel_append("gen2"), "tcg", disk_blockdev=node),
+                       "-serial", f"file:{console}", "-qmp", f"unix:{sock},server=on,wait=off")
     q = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     how, end = "finished", time.time() + timeout
     try:
@@ -165,15 +164,20 @@ def boot_cut(azure, work, kernel_img, initrd, disk, cd, sector=None, console_mar
 
 
 
-def kvm_works(kernel_img, initrd):
-    """KVM only if a trial boot of this kernel reaches azprov and powers off within 20 s."""
-    if not os.path.exists("/dev/kvm"):
+def kvm_usable():
+    """KVM when /dev/kvm opens and a VM with the host's CPU starts. A software-nested KVM
+    (kvm_pvm) opens and starts too, then crawls through emulation and dies in the kernel's
+    decompressor: taken as no KVM."""
+    if os.path.exists("/sys/module/kvm_pvm"):
         return False
-    r = subprocess.run(["timeout", "20", "qemu-system-x86_64", "-accel", "kvm", "-M", "pc", "-m", "256", "-nodefaults",
-                        "-display", "none", "-no-reboot", "-serial", "stdio", "-kernel", kernel_img, "-initrd", initrd,
-                        "-append", "console=ttyS0 loglevel=6 panic=-1 azprov.onfail=poweroff"],
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-    return "azprov" in r.stdout and r.returncode == 0
+    try:
+        os.close(os.open("/dev/kvm", os.O_RDWR))
+    except OSError:
+        return False
+    r = subprocess.run(["timeout", "3", "qemu-system-x86_64", "-accel", "kvm", "-cpu", "host", "-M", "pc", "-m", "64",
+                        "-nodefaults", "-display", "none", "-S", "-monitor", "none"],
+                       capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    return r.returncode == 124  # still running when timeout stopped it
 
 
 class VM:
@@ -189,7 +193,7 @@ class VM:
         for d in disks:
             args += ["-drive", f"file={d},format=qcow2,if=virtio"]
         self.start = time.time()
-        self.proc = subprocess.Popen(["ip", "netns", "exec", azure.ns] + args + ["-serial", f"file:{self.console}"],
+        self.proc = subprocess.Popen(azure.inside(*args, "-serial", f"file:{self.console}"),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def out(self):
@@ -214,15 +218,9 @@ class VM:
         addr = self.guest_addr()
         if not addr:
             return None
-        try:
-            r = subprocess.run(["ip", "netns", "exec", self.azure.ns, "ssh", "-i", key, "-o", "BatchMode=yes",
-                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                                "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR", f"{USER}@{addr}", command],
-                               capture_output=True, text=True, timeout=timeout + 10, stdin=subprocess.DEVNULL,
-                               check=False)
-        except subprocess.TimeoutExpired:  # an attempt that hangs is a failed attempt
-            return None
-        return r if r.returncode == 0 else None
+        # an attempt that hangs is a failed attempt
+        r = self.azure.ssh(key, USER, addr, command, timeout=timeout + 10, connect_timeout=2)
+        return r if r is not None and r.returncode == 0 else None
 
     def wait_ssh(self, key, command, timeout=BOOT_TIMEOUT):
         """The first SSH command that succeeds, and when (seconds from QEMU start)."""
