@@ -45,7 +45,7 @@ import time
 
 from testbed import debian
 from testbed.azure import Azure
-from testbed.host import FIXTURES, TOP, build, sh
+from testbed.host import FIXTURES, TOP, build, mkinitramfs, sh
 from testbed.images import imds_doc, kernel, make_cd, make_root, partitioned
 from testbed.vm import AZURE_ASSET_TAG, boot
 
@@ -219,8 +219,7 @@ def qemu_timeline(boots=5, icount=None, append=""):
     work = tempfile.mkdtemp(prefix="azprov-bench-qemu-")
     try:
         initrd = os.path.join(work, "initrd.img")
-        sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "-o", initrd,
-           stdout=subprocess.DEVNULL)
+        mkinitramfs(initrd, moddir)
         trivial = busybox_initrd(work, "trivial", moddir, [], "echo 'trivial: init started' > /dev/kmsg\n")
         floors = {}
         for shape, (storage, net, after) in FLOOR_CHAINS.items():
@@ -460,8 +459,7 @@ def growroot_timing(boots=3, image_gib=4, disk_gib=32):
     part, fs = [], []
     try:
         initrd = os.path.join(work, "initrd.img")
-        sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "-o", initrd,
-           stdout=subprocess.DEVNULL)
+        mkinitramfs(initrd, moddir)
         with Azure(work, "g", imds_doc("bench-grow")) as azure:
             cd = make_cd(work, "bench-grow")
             for _ in range(boots):

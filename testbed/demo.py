@@ -9,7 +9,7 @@ import sys
 import time
 
 from testbed.azure import Azure
-from testbed.host import OUT, TOP, build
+from testbed.host import OUT, build, mkinitramfs
 from testbed.images import debugfs_cat, imds_doc, kernel, make_cd, make_root
 from testbed.vm import FINGERPRINTS_BEGIN, FINGERPRINTS_END, VM_TIMEOUT, kernel_append, qemu_args
 
@@ -24,8 +24,7 @@ def main():
     subprocess.run(["rm", "-rf", work], check=True)
     os.makedirs(work)
     initrd = os.path.join(work, "initrd.img")
-    out = subprocess.run([os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "--azprov", azprov, "-o", initrd],
-                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    out = mkinitramfs(initrd, moddir, "--azprov", azprov)
     print(f"azprov: {azprov} ({os.path.getsize(azprov)} bytes, static)\n{out.strip()}")
     hostname = "azprov-demo"
     with Azure(work, "demo", imds_doc(hostname)) as azure:
@@ -66,7 +65,3 @@ def main():
         print(f"\nQEMU ran {took:.1f}s; Ready reached the fabric {ready:.2f}s after QEMU started (TCG, not real hardware)"
               if ready is not None else "\nno Ready reached the fabric; see the console above")
         sys.exit(0 if ready is not None else 1)
-
-
-if __name__ == "__main__":
-    main()

@@ -413,7 +413,3 @@ def main():
         return name, c.failures, f"from QEMU start: {times} (tcg)"
 
     run_scenarios("distro-tests", names, one, OUT)
-
-
-if __name__ == "__main__":
-    main()

@@ -26,3 +26,10 @@ def build(*args):
     """scripts/build's binary (with `args`, e.g. "--target", "aarch64"): its path."""
     return subprocess.run([os.path.join(TOP, "scripts", "build"), *args], check=True, stdout=subprocess.PIPE,
                           text=True).stdout.split()[-1]
+
+
+def mkinitramfs(out, moddir, *args):
+    """scripts/mkinitramfs into `out` with the kernel's modules at `moddir` (and `args`, e.g.
+    "--azprov", BIN): what it printed (the image's size and contents)."""
+    return subprocess.run([os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, *args, "-o", out],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout

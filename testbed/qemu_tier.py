@@ -17,7 +17,7 @@ import time
 
 from testbed.azure import GUEST_MAC, Azure
 from testbed.check import Check, run_scenarios
-from testbed.host import OUT, TOP, build, log, sh
+from testbed.host import OUT, build, log, mkinitramfs
 from testbed.images import (KEY, ROOT_UUID, debugfs_cat, ext4_clean, fetch_deb, gpt_primary, imds_doc, kernel,
                             make_cd, make_root, partitioned, sfdisk_dump)
 from testbed.vm import (AZURE_ASSET_TAG, DMI_UUID, FINGERPRINTS_BEGIN, FINGERPRINTS_END, boot, boot_cut,
@@ -293,8 +293,7 @@ def run_nvme_mana(ctx):
     c = Check()
     work = ctx["work"]
     initrd = os.path.join(work, "initrd.img")
-    sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", ctx["moddir"], "--azprov", ctx["azprov"],
-       "--modules", "+vmxnet3", "-o", initrd, stdout=subprocess.DEVNULL)
+    mkinitramfs(initrd, ctx["moddir"], "--azprov", ctx["azprov"], "--modules", "+vmxnet3")
     with Azure(work, ctx["tag"], imds_doc("e2e-nvme")) as azure:
         root = make_root(work)
         cd = make_cd(work, "e2e-nvme-ovf")
@@ -397,8 +396,7 @@ def run_arm64(ctx):
     initrd = os.path.join(work, "initrd-arm64.img")
     # the test root is ext4: --root-fs leaves xfs and btrfs out of the image; zstd, so that the
     # other compression boots too (the x86_64 scenarios have the default, lz4)
-    sh(os.path.join(TOP, "scripts", "mkinitramfs"), "--arch", "arm64", "--kernel-modules", moddir,
-       "--azprov", azprov, "--root-fs", "ext4", "--compress", "zstd", "-o", initrd, stdout=subprocess.DEVNULL)
+    mkinitramfs(initrd, moddir, "--arch", "arm64", "--azprov", azprov, "--root-fs", "ext4", "--compress", "zstd")
     listed = subprocess.run(f"zstd -dc {initrd} | cpio -i --quiet --to-stdout etc/azprov/modules", shell=True,
                             check=True, stdout=subprocess.PIPE, text=True).stdout
     c("/xfs.ko" not in listed and "/btrfs.ko" not in listed and "/udf.ko" in listed,
@@ -471,9 +469,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     azprov = build()
     initrd = os.path.join(OUT, "initrd.img")
-    r = subprocess.run([os.path.join(TOP, "scripts", "mkinitramfs"), "--kernel-modules", moddir, "--azprov", azprov, "-o", initrd],
-                       check=True, stdout=subprocess.PIPE, text=True)
-    log(r.stdout.strip())
+    log(mkinitramfs(initrd, moddir, "--azprov", azprov).strip())
     accel = "kvm" if kvm_usable() else "tcg"
     log(f"kernel {os.path.basename(kernel_img)}, accel {accel}, setup {time.time() - t0:.1f}s")
 
@@ -493,7 +489,3 @@ def main():
         return name, c.failures, f"QEMU start to Ready {ready_s} ({accel}), qemu {took:.1f}s"
 
     run_scenarios("qemu-tests", names, one, OUT)
-
-
-if __name__ == "__main__":
-    main()

@@ -415,7 +415,7 @@ class SshdWatch:
         would)."""
         if not self.answered():
             return None
-        r = ssh_run(azure, key, user, command)
+        r = azure.ssh(key, user, GUEST_IP, command)
         if r is not None and r.returncode == 0:
             return r
         self.last_refusal = r.stderr if r is not None else None
@@ -428,13 +428,9 @@ class SshdWatch:
         self.proc.wait()
 
 
-def ssh_run(azure, key, user, command, timeout=20):
-    """`command` over SSH as `user`: the finished ssh, or None when it took over `timeout` s."""
-    return azure.ssh(key, user, GUEST_IP, command, timeout)
-
-
 def ssh(azure, key, user, command, timeout=20):
-    r = ssh_run(azure, key, user, command, timeout)
+    """`command` over SSH as `user`: the ssh that succeeded, or None."""
+    r = azure.ssh(key, user, GUEST_IP, command, timeout)
     return r if r is not None and r.returncode == 0 else None
 
 
@@ -570,7 +566,7 @@ def run(a):
             progress.poll()
             # a #! custom data script runs once the boot has finished: its outcome then
             if login is not None and custom and custom.startswith(b"#!") and qemu.poll() is None:
-                after = ssh_run(azure, key, a.user, STATUS_AFTER_BOOT, timeout=180)
+                after = azure.ssh(key, a.user, GUEST_IP, STATUS_AFTER_BOOT, timeout=180)
                 if after is not None and azprov_status(after.stdout) is not None:
                     status_out = after.stdout
             if a.reboot and login is not None and qemu.poll() is None:
