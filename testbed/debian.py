@@ -294,7 +294,8 @@ def mkinitcpio_vendor():
     origin = subprocess.run(["git", "-C", TOP, "remote", "get-url", "origin"], capture_output=True, text=True,
                             check=False).stdout.strip()
     if origin.startswith("/") or origin.startswith("file://"):
-        tops.append(origin.removeprefix("file://").rstrip("/").removesuffix("/.git"))
+        # `git clone .` records the origin as /path/to/checkout/.
+        tops.append(os.path.normpath(origin.removeprefix("file://")).removesuffix("/.git"))
     found = [os.path.join(os.path.dirname(t), "shared", "vendor", "mkinitcpio") for t in tops]
     return next((d for d in found if os.path.isdir(d)), found[0])
 
