@@ -240,8 +240,10 @@ impl Keygen {
         let mut g = self.fast.recv().unwrap_or(Err(HostKeyError::Panicked))?;
         if let Some(thread) = self.thread.take() {
             if thread.is_finished() {
-                if let Ok(Ok(rsa)) = thread.join() {
-                    g.keys.extend(rsa.keys);
+                if let Ok(Ok(mut rsa)) = thread.join() {
+                    // RSA first, as when it is made on the calling thread
+                    rsa.keys.append(&mut g.keys);
+                    g.keys = rsa.keys;
                     g.took.extend(rsa.took);
                 }
             }
