@@ -24,6 +24,11 @@ Behaves like Azure where azprov, cloud-init and waagent depend on it:
       {"endpoint": "imds|goalstate|health|versions", "requests": [1, 2] or "*",
        "status": 503, "delay": 1.5, "body": "...", "truncate": 20, "drop": true}
     where requests counts that endpoint's requests from 1.
+  * The Metadata Security Protocol as the Guest Proxy Agent meets it (--msp): GET
+    /secure-channel/status (Metadata: True) says WireserverAndImds, POST /secure-channel/key
+    latches the VM's key (--msp-refuse-key: 403 instead); without --msp the state is Disabled
+    and no key is handed out. Every logged request says whether the key was latched when it
+    came (`msp_key`), so a test can tell what was asked before the agent held it.
   * Every request is logged as one JSON line: time, server, method, path, headers, body,
     status, fault, and for health POSTs the parsed state, incarnation and description.
 """
@@ -206,6 +211,10 @@ class Fabric:
         self.container = args.container_id
         self.instance = args.instance_id
         self.vm_address = args.vm_address
+        self.msp = args.msp
+        self.msp_refuse_key = args.msp_refuse_key
+        # when the Guest Proxy Agent latched the key (None: not yet)
+        self.key_latched_at = None
         self.reprovision_ovf = None
         if args.reprovision_ovf:
             with open(args.reprovision_ovf, "rb") as f:
@@ -269,7 +278,7 @@ def make_handler(fabric, server_name):
             query = parse_qs(url.query)
             entry = {"server": server_name, "method": self.command, "path": self.path,
                      "headers": {k.lower(): v for k, v in self.headers.items()},
-                     "body": body.decode("utf-8", "replace")}
+                     "body": body.decode("utf-8", "replace"), "msp_key": fabric.key_latched_at is not None}
             endpoint, status, payload, ctype = self.route(url, query, body, entry)
             n = fabric.count(endpoint)
             entry["endpoint"], entry["n"] = endpoint, n
@@ -371,8 +380,40 @@ def make_handler(fabric, server_name):
                 return ("reprovisiondata", 404, b'{"error": "Not found"}', "application/json")
             return ("reprovisiondata", 200, fabric.reprovision_ovf, "text/xml; charset=utf-8")
 
+        def secure_channel(self, url, body):
+            # what the Guest Proxy Agent asks, unsigned, with Metadata: True
+            if self.headers.get("Metadata", "").lower() != "true":
+                return ("secure-channel", 400, b'{"error": "Metadata header required"}', "application/json")
+            path = url.path.rstrip("/")
+            if path == "/secure-channel/status" and self.command == "GET":
+                state = "WireserverAndImds" if fabric.msp else "Disabled"
+                mode = "enforce" if fabric.msp else "disabled"
+                doc = {"secureChannelState": state, "keyDeliveryMethod": "http", "version": "2.0",
+                       "authorizationRules": {k: {"mode": mode} for k in ("imds", "wireserver", "hostga")}}
+                return ("secure-channel", 200, json.dumps(doc).encode(), "application/json")
+            if path == "/secure-channel/key" and self.command == "POST":
+                if not fabric.msp:
+                    return ("secure-channel", 404, b'{"error": "secure channel disabled"}', "application/json")
+                if fabric.msp_refuse_key:
+                    return ("secure-channel", 403, b'{"error": "key latch refused"}', "application/json")
+                try:
+                    scheme = json.loads(body or b"{}").get("authorizationScheme")
+                except ValueError:
+                    scheme = None
+                if scheme != "Azure-HMAC-SHA256":
+                    return ("secure-channel", 400, b'{"error": "authorizationScheme"}', "application/json")
+                with fabric.lock:
+                    if fabric.key_latched_at is None:
+                        fabric.key_latched_at = time.time()
+                key = {"guid": fabric.container, "incarnationId": 1, "authorizationScheme": scheme,
+                       "key": "c2ltdWxhdGVkLWtleS1ub3QtYS1zZWNyZXQ="}
+                return ("secure-channel", 200, json.dumps(key).encode(), "application/json")
+            return ("secure-channel", 404, b"", "application/json")
+
         def wireserver(self, url, query, body, entry):
             comp = query.get("comp", [""])[0]
+            if url.path.startswith("/secure-channel/"):
+                return self.secure_channel(url, body)
             if comp == "versions":
                 return ("versions", 200, VERSIONS.encode(), "text/xml; charset=utf-8")
             if url.path.rstrip("/") == "/provisioning/health" and self.command == "POST":
@@ -476,6 +517,8 @@ def parser():
     p.add_argument("--container-id", default="a511aa6d-29e7-4f53-8788-55655dfe848f")
     p.add_argument("--instance-id", default="f6cd1d7ef1644557b9059345e5ba890c.azprov-test")
     p.add_argument("--vm-address", default="10.44.0.4", help="the VM's address, for SharedConfig")
+    p.add_argument("--msp", action="store_true", help="the VM was created with the Metadata Security Protocol")
+    p.add_argument("--msp-refuse-key", action="store_true", help="with --msp: refuse the Guest Proxy Agent its key")
     p.add_argument("--reprovision-ovf", help="the OVF /metadata/reprovisiondata serves when ppsType is not None")
     return p
 

@@ -219,3 +219,60 @@ class OvfTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SecureChannelTest(unittest.TestCase):
+    """The Metadata Security Protocol as the Guest Proxy Agent meets it: the key latched once,
+    its moment recorded in every later request's log line; refused on demand; Disabled without
+    --msp."""
+
+    def serve(self, *flags):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        log = os.path.join(tmp.name, "fabric.jsonl")
+        args = fabric.parser().parse_args(["--wireserver", "127.0.0.1:0", "--imds", "127.0.0.1:0",
+                                           "--hostgaplugin", "127.0.0.1:0", "--log", log, *flags])
+        servers = fabric.serve(args)
+
+        def stop():
+            for s in servers:
+                s.shutdown()
+                s.server_close()
+            servers[0].fabric.log.close()
+        self.addCleanup(stop)
+        return "http://127.0.0.1:%d" % servers[0].server_address[1], log
+
+    def call(self, url, data=None, metadata=True):
+        req = urllib.request.Request(url, data=data, headers={"Metadata": "True"} if metadata else {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                body = r.read()
+                return r.status, json.loads(body) if body.startswith(b"{") else body
+        except urllib.error.HTTPError as e:
+            return e.code, None
+
+    def entries(self, log):
+        with open(log) as f:
+            return [json.loads(l) for l in f]
+
+    def test_the_key_is_latched_once_and_later_requests_say_so(self):
+        ws, log = self.serve("--msp")
+        self.assertEqual(self.call(ws + "/secure-channel/status", metadata=False)[0], 400)
+        status, doc = self.call(ws + "/secure-channel/status")
+        self.assertEqual((status, doc["secureChannelState"]), (200, "WireserverAndImds"))
+        self.assertEqual(self.call(ws + "/secure-channel/key", b'{"authorizationScheme": "nope"}')[0], 400)
+        status, key = self.call(ws + "/secure-channel/key", b'{"authorizationScheme": "Azure-HMAC-SHA256"}')
+        self.assertEqual((status, key["authorizationScheme"]), (200, "Azure-HMAC-SHA256"))
+        self.call(ws + "/?comp=versions")
+        seen = [(e["path"], e["msp_key"]) for e in self.entries(log)]
+        self.assertEqual(seen[-2:], [("/secure-channel/key", False), ("/?comp=versions", True)])
+        self.assertFalse(any(k for _, k in seen[:-1]))
+
+    def test_a_refused_key_and_a_vm_without_msp(self):
+        ws, log = self.serve("--msp", "--msp-refuse-key")
+        self.assertEqual(self.call(ws + "/secure-channel/key", b'{"authorizationScheme": "Azure-HMAC-SHA256"}')[0], 403)
+        self.call(ws + "/?comp=versions")
+        self.assertFalse(self.entries(log)[-1]["msp_key"])
+        ws, _ = self.serve()
+        self.assertEqual(self.call(ws + "/secure-channel/status")[1]["secureChannelState"], "Disabled")
+        self.assertEqual(self.call(ws + "/secure-channel/key", b'{"authorizationScheme": "Azure-HMAC-SHA256"}')[0], 404)

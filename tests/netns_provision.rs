@@ -118,6 +118,7 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
             "host_keys",
             "host_keys_pending",
             "hostname",
+            "msp",
             "reason",
             "report",
             "schema",
@@ -132,6 +133,7 @@ fn ovf_and_imds_happy_path_writes_the_whole_file_contract() {
     );
     assert_eq!(v["report"], "ready");
     assert_eq!(v["reason"], Value::Null);
+    assert_eq!(v["msp"], false);
     assert_eq!(v["hostname"], "vm-prov-1");
     assert_eq!(v["username"], "azureuser");
     assert_eq!(v["ssh_keys"], 3);
@@ -922,6 +924,7 @@ fn host_keys_once_per_vm_then_status_and_clean_for_capture() {
             "host_keys",
             "hostname",
             "log",
+            "msp",
             "provisioned",
             "provisioned_at",
             "reason",

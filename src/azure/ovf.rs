@@ -31,6 +31,10 @@ pub struct OvfEnv {
     pub custom_data: Option<Secret<Vec<u8>>>,
     pub preprovisioned_vm: bool,
     pub pps_type: Option<String>,
+    /// `ProvisionGuestProxyAgent`: the VM was created with the Metadata Security Protocol, so
+    /// the Guest Proxy Agent must hold its key before anything asks the WireServer or IMDS
+    /// (docs/contracts.md, "The Metadata Security Protocol").
+    pub provision_guest_proxy_agent: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +44,8 @@ pub enum OvfError {
     Missing(&'static str),
     Duplicate(String),
     PasswordTooLong(usize),
+    /// A confidential VM's protected secret (a JWT sealed to the vTPM) in this element.
+    ProtectedSecret(&'static str),
     BadValue {
         element: &'static str,
         detail: String,
@@ -58,6 +64,11 @@ impl fmt::Display for OvfError {
             OvfError::PasswordTooLong(n) => write!(
                 f,
                 "unsupported password length={n} max={MAX_PASSWORD_CHARS}"
+            ),
+            OvfError::ProtectedSecret(el) => write!(
+                f,
+                "{el} is a confidential VM's protected secret (a JWT for secrets-provisioning, \
+                 sealed to the vTPM), which azprov cannot unseal yet"
             ),
             OvfError::BadValue { element, detail } => {
                 write!(f, "ovf-env.xml has an invalid {element}: {detail}")
@@ -80,6 +91,7 @@ impl OvfError {
     pub fn reason(&self) -> Reason {
         match self {
             OvfError::PasswordTooLong(_) => Reason::PasswordLength,
+            OvfError::ProtectedSecret(_) => Reason::ProtectedSecret,
             _ => Reason::OvfParse,
         }
     }
@@ -96,6 +108,10 @@ pub fn parse(bytes: &[u8]) -> Result<OvfEnv, OvfError> {
     // IMDS carries adminUsername too: the merge fails only when no source names a user.
     let username = text(set, "UserName")?;
     let password = match raw_text(set, "UserPassword")? {
+        // before the length: a sealed password is long, and its length is not the cause
+        Some(p) if is_protected_secret(p.trim().as_bytes()) => {
+            return Err(OvfError::ProtectedSecret("UserPassword"))
+        }
         Some(p) if p.chars().count() > MAX_PASSWORD_CHARS => {
             return Err(OvfError::PasswordTooLong(p.chars().count()))
         }
@@ -107,7 +123,16 @@ pub fn parse(bytes: &[u8]) -> Result<OvfEnv, OvfError> {
         None => None,
     };
     let custom_data = match text(set, "CustomData")? {
-        Some(v) => Some(Secret::new(decode_base64("CustomData", &v)?)),
+        Some(v) if is_protected_secret(v.as_bytes()) => {
+            return Err(OvfError::ProtectedSecret("CustomData"))
+        }
+        Some(v) => {
+            let bytes = decode_base64("CustomData", &v)?;
+            if is_protected_secret(bytes.trim_ascii()) {
+                return Err(OvfError::ProtectedSecret("CustomData"));
+            }
+            Some(Secret::new(bytes))
+        }
         None => None,
     };
     let ssh_keys = match unique(set, "SSH")?
@@ -128,8 +153,12 @@ pub fn parse(bytes: &[u8]) -> Result<OvfEnv, OvfError> {
     };
 
     let (mut preprovisioned_vm, mut pps_type) = (false, None);
+    let mut provision_guest_proxy_agent = false;
     if let Some(settings) = single_wa(&root, "PlatformSettingsSection")? {
         if let Some(ps) = unique(settings, "PlatformSettings")? {
+            if let Some(v) = text(ps, "ProvisionGuestProxyAgent")? {
+                provision_guest_proxy_agent = parse_bool("ProvisionGuestProxyAgent", &v)?;
+            }
             if let Some(v) = text(ps, "PreprovisionedVm")? {
                 preprovisioned_vm = parse_bool("PreprovisionedVm", &v)?;
             }
@@ -152,7 +181,37 @@ pub fn parse(bytes: &[u8]) -> Result<OvfEnv, OvfError> {
         custom_data,
         preprovisioned_vm,
         pps_type,
+        provision_guest_proxy_agent,
     })
+}
+
+/// The header a confidential VM's protected secret carries (a JWS or JWE in compact form).
+const PROTECTED_PURPOSE: (&str, &str) = ("x-az-cvm-purpose", "secrets-provisioning");
+
+/// Whether `text` is a protected secret: a compact JWT (three parts, or five for an encrypted
+/// one) of base64url parts whose header is a JSON object with `x-az-cvm-purpose:
+/// secrets-provisioning`. Only the header is decoded; the rest is never looked into.
+pub fn is_protected_secret(text: &[u8]) -> bool {
+    let parts: Vec<&[u8]> = text.split(|b| *b == b'.').collect();
+    let base64url = |p: &[u8]| {
+        p.iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'='))
+    };
+    let [header, ..] = parts.as_slice() else {
+        return false;
+    };
+    if !matches!(parts.len(), 3 | 5) || header.is_empty() || !parts.iter().all(|p| base64url(p)) {
+        return false;
+    }
+    let unpadded: Vec<u8> = header.iter().copied().filter(|b| *b != b'=').collect();
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(unpadded) else {
+        return false;
+    };
+    let Ok(serde_json::Value::Object(header)) = serde_json::from_slice(&json) else {
+        return false;
+    };
+    let (key, purpose) = PROTECTED_PURPOSE;
+    header.get(key).and_then(|v| v.as_str()) == Some(purpose)
 }
 
 /// The one section with this local name directly under the root, in the Azure namespace.
@@ -335,6 +394,95 @@ mod tests {
             String::from_utf8_lossy(fixture!("ovf", "long-password.xml")).replacen("pp", "p", 1);
         let env = parse(doc.as_bytes()).unwrap();
         assert_eq!(env.password.unwrap().expose().chars().count(), 72);
+    }
+
+    #[test]
+    fn the_metadata_security_protocol_flag() {
+        let env = parse(fixture!("ovf", "msp.xml")).unwrap();
+        assert!(env.provision_guest_proxy_agent);
+        // absent, and false, in Azure's other samples
+        for f in [&fixture!("ovf", "wala.xml")[..], fixture!("ovf", "ns1.xml")] {
+            assert!(!parse(f).unwrap().provision_guest_proxy_agent);
+        }
+        let bad = String::from_utf8_lossy(fixture!("ovf", "msp.xml")).replace(">true<", ">yes<");
+        assert!(matches!(
+            parse(bad.as_bytes()),
+            Err(OvfError::BadValue {
+                element: "ProvisionGuestProxyAgent",
+                ..
+            })
+        ));
+    }
+
+    /// A compact JWT with this header and opaque parts.
+    fn jwt(header: &str, parts: usize) -> String {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut p = vec![URL_SAFE_NO_PAD.encode(header)];
+        p.extend((1..parts).map(|i| URL_SAFE_NO_PAD.encode(vec![i as u8; 40])));
+        p.join(".")
+    }
+
+    #[test]
+    fn protected_secrets_are_recognised_by_their_header_only() {
+        let purpose =
+            r#"{"alg":"RSA-OAEP-256","enc":"A256GCM","x-az-cvm-purpose":"secrets-provisioning"}"#;
+        assert!(is_protected_secret(jwt(purpose, 5).as_bytes()));
+        assert!(is_protected_secret(jwt(purpose, 3).as_bytes()));
+        // padding some encoders leave on
+        assert!(is_protected_secret(
+            format!("{}==", jwt(purpose, 3)).as_bytes()
+        ));
+        for not in [
+            jwt(r#"{"alg":"RS256","typ":"JWT"}"#, 3),
+            jwt(r#"{"x-az-cvm-purpose":"something-else"}"#, 3),
+            jwt(r#"["x-az-cvm-purpose","secrets-provisioning"]"#, 3),
+            jwt(purpose, 2),
+            jwt(purpose, 4),
+            format!("{}.a b.c", jwt(purpose, 1)),
+            "correct.horse.battery".into(),
+            "P@ss.w0rd.!".into(),
+            "..".into(),
+            String::new(),
+        ] {
+            assert!(!is_protected_secret(not.as_bytes()), "{not}");
+        }
+    }
+
+    #[test]
+    fn a_protected_password_is_named_not_measured() {
+        let err = parse(fixture!("ovf", "protected-password.xml")).unwrap_err();
+        assert_eq!(err, OvfError::ProtectedSecret("UserPassword"));
+        assert_eq!(err.reason(), Reason::ProtectedSecret);
+        let text = err.to_string();
+        assert!(
+            !text.contains("length") && text.contains("protected secret"),
+            "{text}"
+        );
+        // a plain password over the limit keeps its reason
+        assert_eq!(
+            parse(fixture!("ovf", "long-password.xml"))
+                .unwrap_err()
+                .reason(),
+            Reason::PasswordLength
+        );
+    }
+
+    #[test]
+    fn protected_custom_data_is_named_whether_or_not_base64_wraps_it() {
+        use base64::engine::general_purpose::STANDARD;
+        let purpose = r#"{"alg":"dir","enc":"A256GCM","x-az-cvm-purpose":"secrets-provisioning"}"#;
+        let token = jwt(purpose, 5);
+        let minimal = String::from_utf8_lossy(fixture!("ovf", "minimal.xml")).into_owned();
+        for value in [token.clone(), STANDARD.encode(format!("{token}\n"))] {
+            let doc = minimal.replace(
+                "</wa:UserName>",
+                &format!("</wa:UserName><wa:CustomData>{value}</wa:CustomData>"),
+            );
+            assert_eq!(
+                parse(doc.as_bytes()).unwrap_err(),
+                OvfError::ProtectedSecret("CustomData")
+            );
+        }
     }
 
     #[test]

@@ -51,6 +51,14 @@ reasons! {
         "ovf-env.xml is not well-formed or misses a required element";
     PasswordLength => "unsupported password length",
         "UserPassword is longer than 72 characters";
+    ProtectedSecret => "confidential VM protected secret not supported",
+        "the admin password or the custom data is a confidential VM's protected secret (a JWT whose header has `x-az-cvm-purpose: secrets-provisioning`, sealed to the vTPM), which azprov cannot unseal yet; nothing is written from it";
+    ProxyAgentNotFound => "azure-proxy-agent not found",
+        "the VM was created with the Metadata Security Protocol (`ProvisionGuestProxyAgent`) and the root has no `/usr/sbin/azure-proxy-agent` or `/usr/bin/azure-proxy-agent`; sent from the initramfs, before any IMDS request";
+    ProxyAgentStatus => "azure-proxy-agent status failure",
+        "`azure-proxy-agent --status --wait 120` exited non-zero (2: the Guest Proxy Agent failed; 1: not done after 120 s); its exit code and message follow";
+    ProxyAgentUnit => "azprov-msp.service not found",
+        "the VM was created with the Metadata Security Protocol and the root has the Guest Proxy Agent but not azprov's `azprov-msp.service`, which finishes the provisioning after it (PID 1 mode with azprov not installed in the root)";
     ImdsTimeout => "connection timeout querying IMDS",
         "IMDS did not answer in time until the deadline";
     ImdsConnection => "connection error querying IMDS",
@@ -117,6 +125,10 @@ impl Reason {
             Reason::MediaRead => "check that the initramfs has the CD drivers and filesystems (sr_mod, cdrom, udf, isofs; ata_piix on Gen1)",
             Reason::OvfRead | Reason::OvfParse => "validate the file with `azprov ovf FILE`",
             Reason::PasswordLength => "choose an admin password of at most 72 characters",
+            Reason::ProtectedSecret => "create the VM without protected secrets (SSH keys instead of the sealed password, plain custom data)",
+            Reason::ProxyAgentNotFound => "put the Guest Proxy Agent (azure-proxy-agent) into the image, or create the VM without MSP and enable it afterwards",
+            Reason::ProxyAgentStatus => "journalctl -u azure-proxy-agent: the Guest Proxy Agent could not get its key from the host; check the VM's proxyAgentSettings",
+            Reason::ProxyAgentUnit => "install azprov's package into the root (it ships azprov-msp.service), or create the VM without MSP",
             Reason::ImdsTimeout | Reason::ImdsConnection | Reason::ImdsHttp => "IMDS (169.254.169.254) must be reachable directly: no proxy, and no firewall or route in the image that diverts link-local traffic",
             Reason::ImdsParse => "IMDS answered with a document azprov cannot read: run `azprov imds --json` for the parse error",
             Reason::NoProvisioningData => "neither the provisioning CD nor IMDS was readable: see the ovf= and imds= causes",
@@ -202,6 +214,13 @@ mod tests {
                 (Reason::OvfRead, "error reading ovf-env.xml"),
                 (Reason::OvfParse, "error parsing ovf-env.xml"),
                 (Reason::PasswordLength, "unsupported password length"),
+                (
+                    Reason::ProtectedSecret,
+                    "confidential VM protected secret not supported"
+                ),
+                (Reason::ProxyAgentNotFound, "azure-proxy-agent not found"),
+                (Reason::ProxyAgentStatus, "azure-proxy-agent status failure"),
+                (Reason::ProxyAgentUnit, "azprov-msp.service not found"),
                 (Reason::ImdsTimeout, "connection timeout querying IMDS"),
                 (Reason::ImdsConnection, "connection error querying IMDS"),
                 (Reason::ImdsHttp, "http error querying IMDS"),

@@ -98,6 +98,10 @@ pub const COMMANDS: &[Command] = &[
                 "DIR",
                 "where this boot's record goes (default /run/azprov)",
             ),
+            s(
+                "after-proxy-agent",
+                "azprov-msp.service: an MSP VM's run after azure-proxy-agent holds its key (the system's network; no growroot, no host keys)",
+            ),
         ],
     },
     Command {

@@ -19,6 +19,7 @@ struct OvfJson<'a> {
     custom_data_bytes: Option<usize>,
     preprovisioned_vm: bool,
     pps_type: Option<&'a str>,
+    provision_guest_proxy_agent: bool,
 }
 
 pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
@@ -72,6 +73,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
         custom_data_bytes: env.custom_data.as_ref().map(|c| c.expose().len()),
         preprovisioned_vm: env.preprovisioned_vm,
         pps_type: env.pps_type.as_deref(),
+        provision_guest_proxy_agent: env.provision_guest_proxy_agent,
     };
     if a.has("json") {
         return print_json(&out);
@@ -96,6 +98,10 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
     println!("custom_data_bytes: {}", opt(out.custom_data_bytes));
     println!("preprovisioned_vm: {}", out.preprovisioned_vm);
     println!("pps_type: {}", opt(out.pps_type));
+    println!(
+        "provision_guest_proxy_agent: {}",
+        out.provision_guest_proxy_agent
+    );
     Ok(())
 }
 

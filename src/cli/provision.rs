@@ -48,6 +48,18 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
         record_dir: Some(crate::provision::record::dir(a.value("run-dir")?)),
         ..base
     };
+    // the booted system's azprov-msp.service: its network is up, the initramfs grew the root
+    // and made the host keys
+    let opts = match a.has("after-proxy-agent") {
+        true => Options {
+            after_proxy_agent: true,
+            dhcp: false,
+            growroot: false,
+            host_keys: false,
+            ..opts
+        },
+        false => opts,
+    };
     let summary = provision(&opts);
     if a.has("json") {
         print_json(&summary)?;

@@ -51,6 +51,8 @@ struct Status {
     hint: Option<&'static str>,
     hostname: Option<String>,
     username: Option<String>,
+    /// The VM was created with the Metadata Security Protocol (`ProvisionGuestProxyAgent`).
+    msp: bool,
     host_keys: Vec<String>,
     timings_ms: Option<Timings>,
     log: String,
@@ -123,6 +125,12 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         stage: state.stage.clone().or_else(|| this("stage")),
         hostname: state.hostname.clone().or_else(|| this("hostname")),
         username: state.username.clone().or_else(|| this("username")),
+        msp: state.msp
+            || boot
+                .as_ref()
+                .and_then(|b| b.summary.get("msp"))
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
         host_keys: state.host_keys.clone(),
         timings_ms: state.report.map(|_| state.timings_ms),
         log: boot
@@ -191,6 +199,7 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
         "ready" => "provisioned, Ready acknowledged",
         "failure" => "provisioning failed, NotReady acknowledged",
         "pending" => "no report acknowledged by Azure",
+        "deferred" => "created with MSP: the initramfs sent nothing; azprov-msp.service reports after azure-proxy-agent",
         other => other,
     });
     println!(
@@ -217,6 +226,12 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
         println!("cause:          {}", opt(st.cause.as_deref()));
         println!("failed stage:   {}", opt(st.stage.as_deref()));
         println!("what to check:  {}", opt(st.hint));
+    }
+    if st.msp {
+        println!(
+            "msp:            yes: created with the Metadata Security Protocol; azprov asks IMDS \
+             and reports only after azure-proxy-agent holds its key (azprov-msp.service)"
+        );
     }
     println!("hostname:       {}", opt(st.hostname.as_deref()));
     println!("username:       {}", opt(st.username.as_deref()));

@@ -19,7 +19,12 @@ pub fn merge(
         // An Azure ovf-env.xml that does not parse (or holds a password Azure cannot apply)
         // fails the run, as in cloud-init: going on with IMDS alone would drop the password
         // and the custom data silently. A disc that could not be read is only a missing source.
-        Err(f) if matches!(f.reason, Reason::OvfParse | Reason::PasswordLength) => {
+        Err(f)
+            if matches!(
+                f.reason,
+                Reason::OvfParse | Reason::PasswordLength | Reason::ProtectedSecret
+            ) =>
+        {
             return Err(f.clone())
         }
         Err(_) => None,

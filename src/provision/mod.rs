@@ -9,6 +9,7 @@ pub mod growroot;
 pub mod hostkeys;
 pub mod kvp;
 pub mod merge;
+pub mod msp;
 pub mod network;
 pub mod options;
 pub mod reboot;

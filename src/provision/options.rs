@@ -56,6 +56,9 @@ pub struct Options {
     /// The Hyper-V KVP device the report is served on while the run lasts (absent off
     /// Hyper-V: the pool file only).
     pub kvp_device: PathBuf,
+    /// `--after-proxy-agent`: the booted system's `azprov-msp.service`, which finishes an MSP
+    /// VM's provisioning once the Guest Proxy Agent holds its key ([`super::msp`]).
+    pub after_proxy_agent: bool,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -104,6 +107,7 @@ impl Options {
             modules: OnDemand::default(),
             record_dir: Some(super::record::RUN_DIR.into()),
             kvp_device: crate::azure::kvp::responder::DEVICE.into(),
+            after_proxy_agent: false,
         }
     }
 }

@@ -4,12 +4,14 @@
 use super::hostkeys::{self, Keygen};
 use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
+use super::msp::Msp;
 use super::network::{network, prepare_network, release_network, wireserver_addr};
 use super::options::Options;
 use super::report::{record_report, report, report_deadline};
 use super::state::{Acked, State};
-use super::summary::Summary;
+use super::summary::{Report, Summary};
 use super::sysroot::{writable, Sysroot};
+use super::Failure;
 use crate::azure::http::Client;
 use crate::azure::wireserver::WireServer;
 use crate::deadline::Deadline;
@@ -51,7 +53,29 @@ pub(super) fn finish_provisioned(
     }
     let before = state.clone();
     let _writable = writable(&opts.root, opts.remount);
-    if resend && resend_ready(opts, root, state.hostname.as_deref(), s) {
+    // an MSP VM's Ready goes after the Guest Proxy Agent, by azprov-msp.service; what keeps it
+    // from going is reported instead
+    s.msp = state.msp;
+    let outcome = match (resend, state.msp) {
+        (false, _) => None,
+        (true, true) => match super::msp::decide(opts, root, true) {
+            Msp::Defer => {
+                s.report = Report::Deferred;
+                None
+            }
+            Msp::Fail(f) => Some(Err(f)),
+            Msp::Off | Msp::KeyHeld => Some(Ok(())),
+        },
+        (true, false) if opts.after_proxy_agent => {
+            log::info!("msp: the VM was not created with MSP; the initramfs reports for it");
+            None
+        }
+        (true, false) => Some(Ok(())),
+    };
+    if outcome
+        .as_ref()
+        .is_some_and(|o| resend_ready(opts, root, state.hostname.as_deref(), s, o))
+    {
         state.report = Some(Acked::Ready);
         state.reported_at = Some(crate::time::now_rfc3339());
         // the failure was the report's own, and it is mended
@@ -86,8 +110,15 @@ pub(super) fn finish_provisioned(
 
 /// On a provisioned boot whose Ready was never acknowledged (the WireServer was down for the
 /// whole first boot): DHCP and the report again, nothing else, so Azure sees Ready now rather
-/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing. True when it was.
-fn resend_ready(opts: &Options, root: &Sysroot, hostname: Option<&str>, s: &mut Summary) -> bool {
+/// than OSProvisioningTimedOut. Once acknowledged, reboots send nothing. True when Ready was.
+/// `outcome`: Ready, or (an MSP VM whose Guest Proxy Agent is missing or failed) the failure.
+fn resend_ready(
+    opts: &Options,
+    root: &Sysroot,
+    hostname: Option<&str>,
+    s: &mut Summary,
+    outcome: &Result<(), Failure>,
+) -> bool {
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
     let start = prepare_network(opts, deadline);
@@ -101,13 +132,13 @@ fn resend_ready(opts: &Options, root: &Sysroot, hostname: Option<&str>, s: &mut 
     let acked = report(
         &ws,
         &kvp,
-        &Ok(()),
+        outcome,
         s.vm_id.as_deref(),
         report_deadline(&network, deadline),
         &mut s.timings_ms.report,
     );
-    record_report(s, &Ok(()), &acked);
+    record_report(s, outcome, &acked);
     release_network(opts.keep_network, network);
     kvp.finish(deadline);
-    acked.is_ok()
+    acked.is_ok() && outcome.is_ok()
 }

@@ -7,6 +7,7 @@ use super::hostkeys::{self, Keygen};
 use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::merge::merge;
+use super::msp::{self, Msp};
 use super::network::{network, prepare_network, release_network, wireserver_addr, NetStart};
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
@@ -117,6 +118,13 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
         .host_keys
         .then(|| keygen.unwrap_or_else(|| Keygen::start(opts.sys.clone(), &opts.host_key_types)));
     let (ovf, net_start) = run.media_and_link(deadline);
+    // an MSP VM: nothing is sent before the Guest Proxy Agent holds its key
+    let msp_failure = match run.msp(&ovf) {
+        Msp::Off if opts.after_proxy_agent => return run.end_not_msp(),
+        Msp::Off | Msp::KeyHeld => None,
+        Msp::Defer => return run.end_deferred(net_start, keygen, earlier.as_ref(), &capture),
+        Msp::Fail(f) => Some(f),
+    };
     let hashing = hash_beside(&ovf);
     let network = run.dhcp(net_start, &ovf);
     let client = Client::new();
@@ -124,7 +132,10 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
         client: &client,
         addr: wireserver_addr(opts.wireserver, &network),
     };
-    let data = run.imds_and_merge(&network, &ws, &ovf, deadline);
+    let data = match msp_failure {
+        Some(f) => network.as_ref().map_err(Clone::clone).and(Err(f)),
+        None => run.imds_and_merge(&network, &ws, &ovf, deadline),
+    };
     let written = run.write(data, hashing, earlier.as_ref(), mount_failure);
     // never into /var when the filesystem fstab mounts there is missing
     let kvp = KvpReport::start(&opts.kvp_device, fstab_ok.then_some(root));
@@ -252,6 +263,52 @@ impl<'a> Run<'a> {
         self.s
     }
 
+    /// What MSP asks of this run, once the OVF says whether the VM was created with it.
+    fn msp(&mut self, ovf: &Result<Option<OvfEnv>, Failure>) -> Msp {
+        let flag = ovf_env(ovf).is_some_and(|o| o.provision_guest_proxy_agent);
+        self.s.msp = flag;
+        let decision = msp::decide(self.opts, self.root, flag);
+        if decision == Msp::Defer {
+            // the host keys' comment, as on any first boot
+            self.s.hostname = ovf_env(ovf).map(|o| o.hostname.clone());
+        }
+        decision
+    }
+
+    /// `azprov-msp.service` on a VM created without MSP: the initramfs provisions it.
+    fn end_not_msp(mut self) -> Summary {
+        log::info!(
+            "msp: the VM was not created with the Metadata Security Protocol; the initramfs provisions it, nothing to do here"
+        );
+        self.s.report = Report::Skipped;
+        self.s.timings_ms.total = ms(self.t0.elapsed());
+        self.s
+    }
+
+    /// An MSP VM in the initramfs: the link goes down unused, no packet was sent; the host keys
+    /// are made here all the same (they need no network, and sshd waits for them), and the
+    /// state says the rest is `azprov-msp.service`'s.
+    fn end_deferred(
+        mut self,
+        net_start: Option<NetStart>,
+        keygen: Option<Keygen>,
+        earlier: Option<&State>,
+        capture: &crate::logger::Capture,
+    ) -> Summary {
+        drop(net_start);
+        self.s.report = Report::Deferred;
+        if let Some(k) = keygen {
+            install_host_keys(self.root, k.join(), &mut self.s);
+        }
+        self.s.timings_ms.total = ms(self.t0.elapsed());
+        if let Err(e) = State::deferred(&self.s, earlier).save(self.root) {
+            log::warn!("cannot write the state: {e}");
+        }
+        super::record::save_log(self.root, &capture.contents());
+        finish_host_keys_later(self.root, &self.s, true);
+        self.s
+    }
+
     /// The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
     /// packet carries the OVF's HostName, nothing before it needs the OVF.
     fn media_and_link(
@@ -350,6 +407,15 @@ impl<'a> Run<'a> {
             format!("{root_path} provisioned")
         });
         self.provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
+        // the booted system's unit: its hostname was set from the image's before this run
+        // (only the running system's own root: never a directory a test provisions)
+        let running = self.opts.after_proxy_agent && self.opts.root == Path::new("/");
+        if let (true, Ok(_), Some(name)) = (running, &written, &self.s.hostname) {
+            match crate::sys::set_hostname(name) {
+                Ok(()) => log::info!("hostname: {name} set in the running system"),
+                Err(e) => log::warn!("hostname: cannot set {name} in the running system: {e}"),
+            }
+        }
         written
     }
 

@@ -66,6 +66,9 @@ pub struct State {
     pub host_keys: Vec<String>,
     /// The VM id the host keys were made for: a reboot keeps them, a new VM id replaces them.
     pub host_keys_vm_id: Option<String>,
+    /// The VM was created with the Metadata Security Protocol: a Ready owed is sent after the
+    /// Guest Proxy Agent, by `azprov-msp.service`, never from the initramfs.
+    pub msp: bool,
     pub timings_ms: Timings,
 }
 
@@ -79,8 +82,41 @@ impl State {
             user_created: earlier.is_some_and(|e| e.user_created && e.username == s.username),
             host_keys: earlier.map(|e| e.host_keys.clone()).unwrap_or_default(),
             host_keys_vm_id: earlier.and_then(|e| e.host_keys_vm_id.clone()),
+            msp: s.msp,
             ..State::default()
         }
+    }
+
+    /// What an MSP VM's initramfs leaves for `azprov-msp.service`: nothing reported, the host
+    /// keys it made for this VM id (the unit makes none), the user an earlier run created.
+    pub fn deferred(s: &Summary, earlier: Option<&State>) -> State {
+        State {
+            vm_id: s.vm_id.clone(),
+            version: Some(crate::VERSION.to_string()),
+            hostname: s.hostname.clone(),
+            msp: true,
+            timings_ms: s.timings_ms,
+            ..State::owed(s, earlier)
+        }
+        .with_host_keys(s, earlier)
+    }
+
+    /// The host keys this run made for its VM id, else those an earlier run made for the
+    /// same VM id (the initramfs's, when `azprov-msp.service` finishes the run).
+    fn with_host_keys(mut self, s: &Summary, earlier: Option<&State>) -> State {
+        if !s.host_keys.is_empty() {
+            self.host_keys = s.host_keys.clone();
+            self.host_keys_vm_id = s.vm_id.clone();
+        } else if let Some(e) =
+            earlier.filter(|e| e.host_keys_vm_id.is_some() && e.host_keys_vm_id == s.vm_id)
+        {
+            self.host_keys = e.host_keys.clone();
+            self.host_keys_vm_id = e.host_keys_vm_id.clone();
+        } else {
+            self.host_keys = Vec::new();
+            self.host_keys_vm_id = None;
+        }
+        self
     }
 
     /// The state a first boot's run leaves: what was written and when, what Azure
@@ -110,10 +146,12 @@ impl State {
             // a user azprov created on an earlier run (`--force`, a new VM id) is still its own
             user_created: written.as_ref().is_ok_and(|w| w.user_created)
                 || earlier.is_some_and(|e| e.user_created && e.username == s.username),
-            host_keys_vm_id: (!s.host_keys.is_empty()).then(|| s.vm_id.clone()).flatten(),
-            host_keys: s.host_keys.clone(),
+            host_keys_vm_id: None,
+            host_keys: Vec::new(),
+            msp: s.msp,
             timings_ms: s.timings_ms,
         }
+        .with_host_keys(s, earlier)
     }
 
     /// The state in `root`, or None when there is none (or it does not parse: a log line).

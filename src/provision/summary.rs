@@ -23,6 +23,9 @@ pub enum Report {
     /// No Azure chassis asset tag: nothing done, no packet sent.
     #[serde(rename = "not-azure")]
     NotAzure,
+    /// An MSP VM in the initramfs: nothing sent; `azprov-msp.service` finishes the
+    /// provisioning in the booted system, after the Guest Proxy Agent.
+    Deferred,
 }
 
 /// The version of the JSON `provision --json` and `status --json` print (the same names for
@@ -41,6 +44,8 @@ pub struct Summary {
     pub custom_data: bool,
     pub user_data: bool,
     pub report: Report,
+    /// The VM was created with the Metadata Security Protocol (`ProvisionGuestProxyAgent`).
+    pub msp: bool,
     pub reason: Option<Reason>,
     /// The reason with its cause (`failure to obtain DHCP lease: eth0: no answer after 20 s`),
     /// as logged; never a secret.
@@ -62,7 +67,11 @@ impl Summary {
     /// 0 when Ready was reported (or nothing was needed), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self.report {
-            Report::Ready | Report::Skipped | Report::Disabled | Report::NotAzure => 0,
+            Report::Ready
+            | Report::Skipped
+            | Report::Disabled
+            | Report::NotAzure
+            | Report::Deferred => 0,
             Report::Failure | Report::Pending => 1,
         }
     }
@@ -81,6 +90,7 @@ impl Summary {
             custom_data: false,
             user_data: false,
             report: Report::Failure,
+            msp: false,
             reason: None,
             cause: None,
             stage: None,

@@ -18,6 +18,12 @@ pub mod xattr;
 pub use nix::errno::Errno;
 pub use random::{random_bytes, secure_random_bytes};
 
+/// sethostname(2): the running system's name (the booted system's unit; the initramfs
+/// leaves it to the init that reads /etc/hostname).
+pub fn set_hostname(name: &str) -> Result<(), Errno> {
+    nix::unistd::sethostname(name)
+}
+
 /// The CPUs this process may run on (sched_getaffinity), at least 1. std's
 /// `available_parallelism` also reads cgroup quotas, which an initramfs has none of, and costs
 /// 5 KB of code.

@@ -467,6 +467,20 @@ impl Net {
         self.fabric(doc, playbook, &[]);
     }
 
+    /// `restart_fabric` with the fabric's own flags (`--msp`, ...).
+    pub fn restart_fabric_with(
+        &mut self,
+        doc: &serde_json::Value,
+        playbook: &serde_json::Value,
+        extra: &[&str],
+    ) {
+        if let Some(mut old) = self.children.pop() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        self.fabric(doc, playbook, extra);
+    }
+
     /// Every request the fabric received, in order.
     pub fn fabric_log(&self) -> Vec<serde_json::Value> {
         read(&self.path("fabric.jsonl"))
