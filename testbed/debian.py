@@ -15,7 +15,7 @@ import threading
 import time
 
 from testbed.host import CACHE, OUT as TIERS_OUT, TOP, log, sh
-from testbed.images import ROOT_UUID, bootable_disk, fixed_vhd
+from testbed.images import ROOT_UUID, bootable_disk, debugfs_cat, fixed_vhd
 from testbed.vm import USER
 
 OUT = os.path.join(TIERS_OUT, "distro")
@@ -204,6 +204,28 @@ def build_agent_image(work, tar, agent, key_pub=None):
     out = bootable_disk(work, root, kver, None, os.path.join(work, f"debian-{agent}.raw"), AZURE_APPEND)
     os.remove(root)
     return out
+
+
+GPA = os.path.join(TOP, "testbed", "gpa")
+
+
+def with_gpa(img):
+    """Writes the Guest Proxy Agent's stand-in into the ext4 image `img` as its package would:
+    /usr/sbin/azure-proxy-agent (0755) and its unit, enabled for multi-user.target."""
+    unit = "/usr/lib/systemd/system/azure-proxy-agent.service"
+    script = "\n".join([
+        "cd /usr/sbin", f"write {GPA}/azure-proxy-agent azure-proxy-agent",
+        "sif /usr/sbin/azure-proxy-agent mode 0100755",
+        "cd /usr/lib/systemd/system", f"write {GPA}/azure-proxy-agent.service azure-proxy-agent.service",
+        "sif " + unit + " mode 0100644",
+        "symlink /etc/systemd/system/multi-user.target.wants/azure-proxy-agent.service " + unit, ""])
+    cmds = img + ".debugfs"
+    with open(cmds, "w") as f:
+        f.write(script)
+    sh("debugfs", "-w", "-f", cmds, img, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.remove(cmds)
+    if debugfs_cat(img, "/usr/sbin/azure-proxy-agent") is None:
+        raise RuntimeError("debugfs did not write the Guest Proxy Agent's stand-in")
 
 
 def azprov_bootable(work, img, initrds):
@@ -417,10 +439,10 @@ def build_mkosi_image(work, variant, deb):
 
 # Where each image's files are (removed once no scenario left needs it), and the image an
 # image is made from.
-IMAGE_DIR = {"plain": "plain", "cleaned": "plain/cleaned.img", "bootable": "bootable", "cloud-init": "cloud-init",
+IMAGE_DIR = {"plain": "plain", "cleaned": "plain/cleaned.img", "gpa": "plain/gpa.img", "bootable": "bootable", "cloud-init": "cloud-init",
              "waagent": "waagent", "rpm": "rpm", "mkinitcpio": "mkinitcpio-root", "hardened": "hardened",
              "mkosi-initramfs-tools": "mkosi-initramfs-tools-image", "mkosi-dracut": "mkosi-dracut-image"}
-IMAGE_BASE = {"cleaned": "plain", "bootable": "plain"}
+IMAGE_BASE = {"cleaned": "plain", "gpa": "plain", "bootable": "plain"}
 
 
 class Images:
@@ -500,6 +522,15 @@ def builders(deb, rpm):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return kernel, initrds, out, {}
 
+    def gpa(images):
+        # the same image with the Guest Proxy Agent's stand-in (testbed/gpa) and its unit
+        # enabled, as an MSP image carries the real agent's package
+        kernel, initrds, img, _ = images.get("plain")
+        out = os.path.join(OUT, "plain", "gpa.img")
+        sh("cp", "--sparse=always", img, out)
+        with_gpa(out)
+        return kernel, initrds, out, {}
+
     def bootable(images):
         t = time.time()
         _, initrds, img, _ = images.get("plain")
@@ -536,7 +567,7 @@ def builders(deb, rpm):
     def mkosi(variant):
         return lambda _: build_mkosi_image(os.path.join(OUT, f"mkosi-{variant}-image"), variant, deb)
 
-    return {"plain": plain, "cleaned": cleaned, "bootable": bootable, "cloud-init": agent("cloud-init", CLOUD_INIT_PACKAGES),
+    return {"plain": plain, "cleaned": cleaned, "gpa": gpa, "bootable": bootable, "cloud-init": agent("cloud-init", CLOUD_INIT_PACKAGES),
             "waagent": agent("waagent", WAAGENT_PACKAGES), "rpm": rpm_image, "mkinitcpio": mkinitcpio,
             "hardened": hardened, "mkosi-initramfs-tools": mkosi("initramfs-tools"), "mkosi-dracut": mkosi("dracut")}
 

@@ -38,14 +38,16 @@ SCRIPT_CHECK = ("systemctl is-system-running --wait >/dev/null; cat /var/tmp/azp
 
 
 @contextlib.contextmanager
-def provisioning(ctx, host):
+def provisioning(ctx, host, msp=False, fabric_args=()):
     """The Azure a Debian image meets (`ctx["key_pub"]` the admin's key in IMDS) and the
-    provisioning CD (CUSTOM_SCRIPT as custom data)."""
+    provisioning CD (CUSTOM_SCRIPT as custom data); with `msp`, a VM created with the Metadata
+    Security Protocol (the CD's flag, and the fabric's secure channel with `fabric_args`)."""
     doc = imds_doc(host)
     doc["compute"]["publicKeys"] = [{"keyData": ctx["key_pub"], "path": f"/home/{USER}/.ssh/authorized_keys"}]
-    with Azure(ctx["work"], ctx["tag"], doc) as azure:
+    args = ["--msp", *fabric_args] if msp else list(fabric_args)
+    with Azure(ctx["work"], ctx["tag"], doc, fabric_args=args) as azure:
         custom = CUSTOM_SCRIPT.encode()
-        yield azure, write_cd(ctx["work"], ovf_env(host, USER, custom_data=custom), custom)
+        yield azure, write_cd(ctx["work"], ovf_env(host, USER, custom_data=custom, msp=msp), custom)
 
 
 LOGIN_CHECK = ("id; hostname; sudo -n true && echo SUDO-OK; ssh-keygen -l -f /etc/ssh/ssh_host_ed25519_key.pub; "
@@ -203,6 +205,91 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
         return c, figures, out
 
 
+def agent_requests(azure):
+    """The fabric's requests other than the Guest Proxy Agent's own (/secure-channel/...)."""
+    return [q for q in azure.requests() if not q["path"].startswith("/secure-channel/")]
+
+
+def health_posts(azure):
+    return [q for q in azure.requests() if q.get("endpoint") == "health"]
+
+
+def msp_boot(ctx):
+    """A VM created with MSP, the Guest Proxy Agent (the stand-in) in the image: the initramfs
+    sends nothing; azprov-msp.service asks IMDS and reports once the agent holds its key, before
+    sshd; one Ready; the login with IMDS's key, the hostname set in the running system; the
+    custom data script runs after it."""
+    c = Check()
+    host, figures = "deb-msp", {}
+    with provisioning(ctx, host, msp=True) as (azure, cd):
+        with VM(azure, ctx["work"], "first", ctx["kernel"], ctx["initrds"]["initramfs-tools"], ctx["img"], cd) as b:
+            r, figures["ssh"] = b.wait_ssh(ctx["key"], LOGIN_CHECK + "; echo STATUS-BEGIN; sudo -n azprov status")
+            figures["ready"] = azure.ready_after(b.start)
+            login_checks(c, r, host, "MSP boot")
+            asked = agent_requests(azure)
+            c(any(q.get("server") == "imds" for q in asked), "azprov asked IMDS nothing")
+            early = [q["path"] for q in asked if not q.get("msp_key")]
+            c(early == [], f"asked before the agent held its key: {early}")
+            posts = health_posts(azure)
+            c([q.get("state") for q in posts] == ["Ready"], f"health reports: {[q.get('state') for q in posts]}")
+            out = b.out()
+            c("(ProvisionGuestProxyAgent)" in out and "nothing is sent from here" in out,
+              "the initramfs did not say it left the provisioning to azprov-msp.service")
+            journal = r.stdout if r else ""
+            c("msp: azure-proxy-agent holds its key" in journal, "the journal lacks the agent's key line")
+            status = journal.split("STATUS-BEGIN", 1)[-1]
+            c(re.search(r"^report: +ready$", status, re.M) and "msp:            yes" in status,
+              f"azprov status says {status.strip()[:300]!r}")
+            s1 = b.ssh(ctx["key"], SCRIPT_CHECK, timeout=150)
+            c(s1 is not None and s1.stdout.count("customdata ran as root") == 1,
+              f"the custom data script did not run once: {s1.stdout if s1 else None!r}")
+            b.stop(ctx["key"])
+        return c, figures, out
+
+
+def msp_failed_boot(ctx, reason, gpa):
+    """A VM created with MSP that cannot be provisioned: NotReady with `reason` reaches the
+    fabric (before any IMDS request), the console and, with no agent at all (`gpa` False: from
+    the initramfs), the KVP pool in the root; no user is made."""
+    c = Check()
+    fabric_args = ("--msp-refuse-key",) if gpa else ()
+    with provisioning(ctx, "deb-msp-fail", msp=True, fabric_args=fabric_args) as (azure, cd):
+        with VM(azure, ctx["work"], "boot", ctx["kernel"], ctx["initrds"]["initramfs-tools"], ctx["img"], cd) as b:
+            t = None
+            while time.time() - b.start < BOOT_TIMEOUT and b.proc.poll() is None:
+                if health_posts(azure):
+                    t = time.time() - b.start
+                    break
+                time.sleep(1)
+            t_login = b.wait_console(" login: ")
+            out = b.out()
+            b.stop()
+        posts = health_posts(azure)
+        c(t is not None and len(posts) == 1, f"{len(posts)} health report(s)")
+        desc = posts[0].get("description") or "" if posts else ""
+        c(posts != [] and posts[0].get("state") == "NotReady" and f"reason={reason}" in desc,
+          f"the report is not NotReady {reason!r}: {desc[:200]!r}")
+        c(gpa is False or "exit=2" in desc, f"the description lacks the agent's exit code: {desc[:300]!r}")
+        c(all(q.get("server") != "imds" for q in azure.requests()), "IMDS was asked")
+        c(reason in out, f"the console lacks {reason!r}")
+        c(t_login is not None, "no login prompt: the boot did not go on")
+        marker, pool = root_files(ctx["img"], "/var/lib/azprov/provisioned", "/var/lib/hyperv/.kvp_pool_1")
+        c(marker is None, "a marker was written")
+        c(gpa or (pool is not None and "PROVISIONING_REPORT" in pool and reason in pool),
+          "the KVP pool lacks the report naming the reason")
+        return c, {"notready": t, "login": t_login}, out
+
+
+def gpa_without_msp_boot(ctx):
+    """The Guest Proxy Agent in the image, the VM created without MSP: provisioned from the
+    initramfs as always (Ready before the real init starts), azprov-msp.service never started."""
+    c, figures, out = provisioned_boot(ctx, "initramfs-tools", second_boot=False)
+    ready, welcome = out.find("Ready to "), out.find("Welcome to ")
+    c(ready != -1 and (welcome == -1 or ready < welcome), "Ready came after the real init started")
+    c("msp:" not in out, "azprov's MSP lines on a VM created without MSP")
+    return c, figures, out
+
+
 def unprovisioned_boot(ctx, initrd, extra, on_azure, expect_line):
     """Boots to the login prompt: nothing reached the fabric, the root was not provisioned."""
     c = Check()
@@ -335,6 +422,13 @@ SCENARIOS = {
     "without-azprov": lambda ctx: unprovisioned_boot(ctx, "stock", "", False, None),
     # a cleaned image (azprov clean removed the host keys) booted elsewhere still gets SSH
     "keyless-off-azure": keyless_boot,
+    # VMs created with the Metadata Security Protocol: the Guest Proxy Agent (the stand-in of
+    # testbed/gpa) in the image, its key handed out, or refused; no agent in the image; and the
+    # agent in an image booted as a VM without MSP
+    "msp": msp_boot,
+    "msp-key-refused": lambda ctx: msp_failed_boot(ctx, "azure-proxy-agent status failure", gpa=True),
+    "msp-without-agent": lambda ctx: msp_failed_boot(ctx, "azure-proxy-agent not found", gpa=False),
+    "agent-without-msp": gpa_without_msp_boot,
 }
 
 
@@ -347,7 +441,7 @@ IMAGE_OF = {"hardened-initramfs-tools": "hardened", "hardened-dracut": "hardened
             "mkinitcpio": "mkinitcpio", "mkinitcpio-systemd": "mkinitcpio", "keyless-off-azure": "cleaned",
             "try-image-gen1": "bootable", "try-image-gen2": "bootable", "try-image-cloud-init": "cloud-init",
             "try-image-waagent": "waagent", "mkosi-initramfs-tools": "mkosi-initramfs-tools",
-            "mkosi-dracut": "mkosi-dracut"}
+            "mkosi-dracut": "mkosi-dracut", "msp": "gpa", "msp-key-refused": "gpa", "agent-without-msp": "gpa"}
 
 
 

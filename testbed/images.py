@@ -144,10 +144,11 @@ def imds_interface(mac=GUEST_MAC, ip=GUEST_IP):
              "macAddress": mac.replace(":", "").upper()}]
 
 
-def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_password=True):
+def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_password=True, msp=False):
     """ovf-env.xml as Azure writes it to the provisioning CD: the provisioning section with the
     keys inline (Value; Azure's Fingerprint needs the goal state's certificates) and the
-    PlatformSettingsSection Azure always sends (cloud-init refuses an OVF without it)."""
+    PlatformSettingsSection Azure always sends (cloud-init refuses an OVF without it); with
+    `msp`, the flag of a VM created with the Metadata Security Protocol."""
     keys_xml = "".join(
         "<PublicKey><Fingerprint>{fp}</Fingerprint><Path>/home/{user}/.ssh/authorized_keys</Path>"
         "<Value>{key}</Value></PublicKey>".format(
@@ -179,7 +180,7 @@ def ovf_env(hostname, user, keys=(), password=None, custom_data=None, disable_pa
       <RetainOfflineServicingPassInUnattend>true</RetainOfflineServicingPassInUnattend>
       <PreprovisionedVm>false</PreprovisionedVm>
       <PreprovisionedVMType>None</PreprovisionedVMType>
-      <EnableTrustedImageIdentifier>false</EnableTrustedImageIdentifier>
+      <EnableTrustedImageIdentifier>false</EnableTrustedImageIdentifier>{"<ProvisionGuestProxyAgent>true</ProvisionGuestProxyAgent>" if msp else ""}
     </PlatformSettings>
   </wa:PlatformSettingsSection>
 </Environment>

@@ -71,8 +71,16 @@ fn ovf_json_has_exactly_the_contract_keys() {
     let msp = json(&azprov(&["ovf", &format!("{FIX}/ovf/msp.xml"), "--json"]));
     assert_eq!(msp["provision_guest_proxy_agent"], true);
     // a confidential VM's sealed password is named, not measured, and never printed
-    let o = azprov(&["ovf", &format!("{FIX}/ovf/protected-password.xml"), "--json"]);
-    one_line_error(&o, 2, "UserPassword is a confidential VM's protected secret");
+    let o = azprov(&[
+        "ovf",
+        &format!("{FIX}/ovf/protected-password.xml"),
+        "--json",
+    ]);
+    one_line_error(
+        &o,
+        2,
+        "UserPassword is a confidential VM's protected secret",
+    );
     assert!(!String::from_utf8_lossy(&o.stderr).contains("length"));
     assert_eq!(v["hostname"], "vm-wala");
     assert_eq!(v["username"], "azureuser");

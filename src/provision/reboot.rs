@@ -63,7 +63,11 @@ pub(super) fn finish_provisioned(
                 s.report = Report::Deferred;
                 None
             }
-            Msp::Fail(f) => Some(Err(f)),
+            Msp::Fail(mut f) => {
+                log::error!("msp: {f}");
+                f.stage = Some("msp");
+                Some(Err(f))
+            }
             Msp::Off | Msp::KeyHeld => Some(Ok(())),
         },
         (true, false) if opts.after_proxy_agent => {

@@ -267,12 +267,19 @@ impl<'a> Run<'a> {
     fn msp(&mut self, ovf: &Result<Option<OvfEnv>, Failure>) -> Msp {
         let flag = ovf_env(ovf).is_some_and(|o| o.provision_guest_proxy_agent);
         self.s.msp = flag;
-        let decision = msp::decide(self.opts, self.root, flag);
-        if decision == Msp::Defer {
-            // the host keys' comment, as on any first boot
-            self.s.hostname = ovf_env(ovf).map(|o| o.hostname.clone());
+        match msp::decide(self.opts, self.root, flag) {
+            Msp::Defer => {
+                // the host keys' comment, as on any first boot
+                self.s.hostname = ovf_env(ovf).map(|o| o.hostname.clone());
+                Msp::Defer
+            }
+            Msp::Fail(mut f) => {
+                log::error!("msp: {f}");
+                f.stage = Some("msp");
+                Msp::Fail(f)
+            }
+            decision => decision,
         }
-        decision
     }
 
     /// `azprov-msp.service` on a VM created without MSP: the initramfs provisions it.
