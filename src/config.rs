@@ -128,6 +128,86 @@ pub struct Config {
     pub modules: Vec<String>,
     /// `MODULE.PARAM=VALUE` words: what PID 1 passes to the modules it loads, as modprobe would.
     pub module_params: Vec<(String, String)>,
+    /// `azprov.resourcedisk=`, `azprov.resourcemount=`, `azprov.resourcefs=`.
+    pub resource: ResourceDisk,
+}
+
+/// Which disk azprov formats (when Azure hands it over pristine) and mounts on every boot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ResourceDevice {
+    /// The one Azure names: the SCSI resource disk, else the first local NVMe disk.
+    #[default]
+    Auto,
+    /// `azprov.resourcedisk=off`: none.
+    Off,
+    /// `azprov.resourcedisk=DEVICE` (`/dev/sdb` or `sdb`), where azprov does not recognise it.
+    Named(String),
+}
+
+/// The resource disk's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceDisk {
+    pub device: ResourceDevice,
+    /// `azprov.resourcemount=PATH` (default `/mnt`, as cloud-init and azure-vm-utils).
+    pub mount: String,
+    /// `azprov.resourcefs=ext4|xfs` (default ext4).
+    pub fstype: &'static str,
+}
+
+impl Default for ResourceDisk {
+    fn default() -> Self {
+        ResourceDisk {
+            device: ResourceDevice::Auto,
+            mount: "/mnt".into(),
+            fstype: "ext4",
+        }
+    }
+}
+
+impl ResourceDisk {
+    /// One `azprov.resource*` word; None for any other key.
+    fn apply(&mut self, key: &str, value: Option<&str>) -> Option<Result<(), ConfigError>> {
+        if !matches!(
+            key,
+            "azprov.resourcedisk" | "azprov.resourcemount" | "azprov.resourcefs"
+        ) {
+            return None;
+        }
+        let Some(v) = value.filter(|v| !v.is_empty()) else {
+            return Some(Err(ConfigError::NeedsValue(key.to_string())));
+        };
+        match (key, v) {
+            ("azprov.resourcedisk", "off") => self.device = ResourceDevice::Off,
+            ("azprov.resourcedisk", d) if valid_device(d) => {
+                self.device = ResourceDevice::Named(d.trim_start_matches("/dev/").to_string())
+            }
+            ("azprov.resourcedisk", d) => {
+                return Some(Err(bad(key, d, "off or a device such as /dev/sdb")))
+            }
+            ("azprov.resourcemount", p)
+                if p.starts_with('/') && p != "/" && !p.split('/').any(|c| c == "..") =>
+            {
+                self.mount = p.trim_end_matches('/').to_string()
+            }
+            ("azprov.resourcemount", p) => {
+                return Some(Err(bad(key, p, "an absolute path other than /")))
+            }
+            (_, "ext4") => self.fstype = "ext4",
+            (_, "xfs") => self.fstype = "xfs",
+            (_, f) => return Some(Err(bad(key, f, "ext4 or xfs"))),
+        }
+        Some(Ok(()))
+    }
+}
+
+/// A kernel device name under /dev: no other directory, nothing but [A-Za-z0-9_-].
+fn valid_device(d: &str) -> bool {
+    let name = d.strip_prefix("/dev/").unwrap_or(d);
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 impl Default for Config {
@@ -154,6 +234,7 @@ impl Default for Config {
             onfail: OnFail::Halt,
             modules: Vec::new(),
             module_params: Vec::new(),
+            resource: ResourceDisk::default(),
         }
     }
 }
@@ -211,6 +292,9 @@ impl Config {
                 Some((k, v)) => (k, Some(v)),
                 None => (word, None),
             };
+            if let Some(done) = self.resource.apply(key, value) {
+                return done;
+            }
             let need = |v: Option<&str>| {
                 v.map(str::to_string)
                     .ok_or_else(|| ConfigError::NeedsValue(key.to_string()))
@@ -394,6 +478,12 @@ mod tests {
             "azprov.hostkeys=some",
             "azprov.imds=ftp://x",
             "azprov.wireserver=host",
+            "azprov.resourcedisk=",
+            "azprov.resourcedisk=/dev/../etc/passwd",
+            "azprov.resourcemount=mnt",
+            "azprov.resourcemount=/",
+            "azprov.resourcemount=/mnt/../etc",
+            "azprov.resourcefs=btrfs",
         ] {
             let (c, errors) = load(Some("azprov.timeout=7"), bad);
             assert_eq!(errors.len(), 1, "{bad}");
@@ -409,6 +499,28 @@ mod tests {
                 module_params: vec![("xazprov".into(), "force".into())],
                 ..Config::default()
             }
+        );
+    }
+
+    #[test]
+    fn the_resource_disk_words() {
+        let d = load(None, "").0.resource;
+        assert_eq!(
+            (d.device, d.mount.as_str(), d.fstype),
+            (ResourceDevice::Auto, "/mnt", "ext4")
+        );
+        let d = load(None, "azprov.resourcedisk=/dev/sdb azprov.resourcemount=/mnt/resource/ azprov.resourcefs=xfs").0.resource;
+        assert_eq!(
+            (d.device, d.mount.as_str(), d.fstype),
+            (ResourceDevice::Named("sdb".into()), "/mnt/resource", "xfs")
+        );
+        assert_eq!(
+            load(None, "azprov.resourcedisk=nvme0n1").0.resource.device,
+            ResourceDevice::Named("nvme0n1".into())
+        );
+        assert_eq!(
+            load(None, "azprov.resourcedisk=off").0.resource.device,
+            ResourceDevice::Off
         );
     }
 

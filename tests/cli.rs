@@ -50,6 +50,95 @@ fn one_line_error(o: &Output, code: i32, needle: &str) {
     );
 }
 
+/// `azprov disks` on a Gen2 VM's sysfs (tests/fixtures/sysfs/gen2: the OS and resource disks
+/// and the CD on scsi0, a data disk on scsi1, a local NVMe v2 disk) and as udev imports it.
+#[test]
+fn disks_names_both_schemes_and_udev_imports_them() {
+    let sys = format!("{FIX}/sysfs/gen2");
+    let v = json(&azprov(&["disks", "--sys", &sys, "--json"]));
+    let got: Vec<(String, String, Value, Vec<String>)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let links = d["links"].as_array().unwrap();
+            (
+                d["name"].as_str().unwrap().to_string(),
+                d["type"].as_str().unwrap().to_string(),
+                d["lun"].clone(),
+                links
+                    .iter()
+                    .map(|l| l.as_str().unwrap().to_string())
+                    .collect(),
+            )
+        })
+        .collect();
+    let l =
+        |n: &[&str]| -> Vec<String> { n.iter().map(|n| format!("/dev/disk/azure/{n}")).collect() };
+    assert_eq!(
+        got,
+        [
+            (
+                "nvme0n1".into(),
+                "local".into(),
+                Value::Null,
+                l(&["local/by-serial/6f1e2d3c4b5a"])
+            ),
+            ("sda".into(), "os".into(), Value::Null, l(&["root", "os"])),
+            (
+                "sdb".into(),
+                "resource".into(),
+                Value::Null,
+                l(&["resource"])
+            ),
+            (
+                "sdc".into(),
+                "data".into(),
+                serde_json::json!(3),
+                l(&["scsi1/lun3", "data/by-lun/3"])
+            ),
+        ]
+    );
+    let udev = |name: &str, cmdline: &str| {
+        let dir = std::env::temp_dir().join(format!("azprov-cli-disks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(format!("cmdline-{name}"));
+        std::fs::write(&f, cmdline).unwrap();
+        let o = azprov(&[
+            "disks",
+            "--sys",
+            &sys,
+            "--udev",
+            name,
+            "--cmdline",
+            f.to_str().unwrap(),
+        ]);
+        assert!(o.status.success());
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(
+        udev("sda2", ""),
+        "AZPROV_DISK_LINKS=\"disk/azure/root-part2 disk/azure/os-part2\"\n"
+    );
+    // the SCSI resource disk is the resource disk (the local NVMe disk is not, beside it)
+    assert_eq!(
+        udev("sdb", ""),
+        "AZPROV_DISK_LINKS=\"disk/azure/resource\"\nAZPROV_RESOURCE_DISK=1\n"
+    );
+    assert_eq!(
+        udev("nvme0n1", ""),
+        "AZPROV_DISK_LINKS=\"disk/azure/local/by-serial/6f1e2d3c4b5a\"\n"
+    );
+    assert_eq!(
+        udev("sdb", "azprov.resourcedisk=off"),
+        "AZPROV_DISK_LINKS=\"disk/azure/resource\"\n"
+    );
+    assert_eq!(udev("sr0", ""), "");
+    // a missing tree is a usage error naming it
+    let o = azprov(&["disks", "--sys", "/nonexistent/sys"]);
+    one_line_error(&o, 2, "/nonexistent/sys");
+}
+
 #[test]
 fn ovf_json_has_exactly_the_contract_keys() {
     let v = json(&azprov(&["ovf", &format!("{FIX}/ovf/wala.xml"), "--json"]));

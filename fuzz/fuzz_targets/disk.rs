@@ -1,7 +1,9 @@
-//! Disk probing on an untrusted disk: superblocks and partition tables never panic, and never
-//! ask for more than a bounded read whatever a header claims.
+//! Disk probing on an untrusted disk: superblocks, partition tables and an NTFS volume's label
+//! and root directory never panic, and never ask for more than a bounded read whatever a
+//! header claims.
 #![no_main]
 use azprov::disk::block::{probe_fs, probe_table};
+use azprov::disk::ntfs::read_volume;
 use libfuzzer_sys::fuzz_target;
 
 /// The largest single read the probes may ask for (the GPT entry array bound).
@@ -21,4 +23,5 @@ fuzz_target!(|data: &[u8]| {
         Some((off..end).map(|i| data[i % data.len()]).collect())
     };
     let _ = probe_table(&mut read_at);
+    let _ = read_volume(&mut read_at);
 });

@@ -151,6 +151,44 @@ pub const COMMANDS: &[Command] = &[
         flags: &[v("root", "DIR", "the root whose data runs (default /)")],
     },
     Command {
+        name: "disks",
+        synopsis: &["azprov disks [--sys DIR] [--json] [--udev NAME] [--cmdline FILE]"],
+        about: "List Azure's disks (OS, resource, data by LUN, local NVMe) with the \
+                /dev/disk/azure names of WALinuxAgent and azure-vm-utils; nothing for the CD or \
+                disks that are not Azure's. The packages' udev rule imports --udev.",
+        flags: &[
+            v("sys", "DIR", "the sysfs tree to read (default /sys)"),
+            JSON,
+            v(
+                "udev",
+                "NAME",
+                "print udev's KEY=value lines for the block device NAME (links, resource disk)",
+            ),
+            v(
+                "cmdline",
+                "FILE",
+                "the kernel command line to read (default /proc/cmdline)",
+            ),
+        ],
+    },
+    Command {
+        name: "resource-disk",
+        synopsis: &["azprov resource-disk NAME [--sys DIR] [--dev DIR] [--cmdline FILE]"],
+        about: "Format the resource disk NAME when Azure handed it over blank (one NTFS \
+                'Temporary Storage' partition holding only its readme; a raw local NVMe disk), \
+                mount it (azprov.resourcemount=, default /mnt); anything else is left alone. \
+                Run by azprov-resource-disk@NAME.service.",
+        flags: &[
+            v("sys", "DIR", "the sysfs tree to read (default /sys)"),
+            v("dev", "DIR", "where the device nodes are (default /dev)"),
+            v(
+                "cmdline",
+                "FILE",
+                "the kernel command line to read (default /proc/cmdline)",
+            ),
+        ],
+    },
+    Command {
         name: "ovf",
         synopsis: &["azprov ovf FILE | --device DEV [--json]"],
         about:

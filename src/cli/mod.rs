@@ -5,6 +5,7 @@
 mod args;
 mod clean;
 mod dhcp;
+mod disks;
 pub mod help;
 mod inspect;
 mod provision;
@@ -31,6 +32,8 @@ usage:
   azprov clean [--root DIR] [--user] [--machine-id] [--dry-run] [--json]
                                            prepare the image for capture
   azprov run-scripts [--root DIR]          run #! custom data / user data once per VM
+  azprov disks [--sys DIR] [--json] [--udev NAME]  Azure's disks and their /dev/disk/azure names
+  azprov resource-disk NAME                format the resource disk when blank, and mount it
   azprov dhcp [--iface IF] [--hostname NAME] [--timeout SECS] [--json] [--keep]
   azprov report ready [--wireserver IP[:PORT]] [--timeout SECS]
   azprov report failure --reason TEXT [--wireserver IP[:PORT]] [--timeout SECS]
@@ -97,6 +100,8 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         "status" => status::cmd_status(rest),
         "run-scripts" => run_scripts(rest),
         "clean" => clean::cmd_clean(rest),
+        "disks" => disks::cmd_disks(rest),
+        "resource-disk" => disks::cmd_resource_disk(rest),
         "version" | "--version" | "-V" => {
             Args::parse(rest, &[], &[])?.no_positionals()?;
             println!("azprov {}", crate::VERSION);

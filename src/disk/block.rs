@@ -204,7 +204,21 @@ pub struct BlockDev {
     pub part: Option<PartInfo>,
 }
 
-fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
+/// The size in bytes of a device node or image file (its end, as a seek finds it).
+pub fn size_of(path: &Path) -> Option<u64> {
+    File::open(path).ok()?.seek(SeekFrom::End(0)).ok()
+}
+
+/// Writes `len` zero bytes at the start of a device node or image file, and syncs them.
+pub fn zero_start(path: &Path, len: usize) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(&vec![0u8; len])?;
+    f.sync_all()
+}
+
+/// Up to `len` bytes at `off` of a device node or image file (fewer at its end).
+pub fn read_at(path: &Path, off: u64, len: usize) -> Option<Vec<u8>> {
     let mut f = File::open(path).ok()?;
     f.seek(SeekFrom::Start(off)).ok()?;
     // grows by what the device actually returns, so a short device never costs `len` bytes

@@ -6,3 +6,5 @@
 
 pub mod block;
 pub mod grow;
+pub mod names;
+pub mod ntfs;

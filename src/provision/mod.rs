@@ -15,6 +15,7 @@ pub mod options;
 pub mod reboot;
 pub mod record;
 pub mod report;
+pub mod resource_disk;
 pub mod run;
 pub mod scripts;
 pub mod selinux;
