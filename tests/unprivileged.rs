@@ -70,6 +70,8 @@ fn a_whole_provision_runs_unprivileged_with_the_owners_recorded_not_set() {
     )
     .unwrap();
     let server = fabric();
+    // the run's lines, captured for the root's log
+    azprov::logger::init(log::LevelFilter::Info);
 
     let (cfg, _) = azprov::config::load(None, "");
     let mut opts = Options::from_config(root_dir.clone(), &cfg, Mode::Hook);
@@ -83,6 +85,14 @@ fn a_whole_provision_runs_unprivileged_with_the_owners_recorded_not_set() {
     opts.sys = dir.join("sys");
     opts.dev = dir.join("dev");
     opts.timeout = std::time::Duration::from_secs(20);
+    // a KVP device whose host never reads the guest pool: the responder registers (it reads
+    // its own REGISTER1 back from the FIFO) and waits its 5 s for a sweep
+    opts.kvp_device = dir.join("hv_kvp");
+    nix::unistd::mkfifo(
+        &opts.kvp_device,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
 
     let root = Sysroot::with_owners(&root_dir, Owners::recording());
     let s = provision_in(&opts, &root, None);
@@ -133,5 +143,17 @@ fn a_whole_provision_runs_unprivileged_with_the_owners_recorded_not_set() {
         Some((image_owner.uid(), image_owner.gid()))
     );
     assert!(root_dir.join("var/lib/azprov/provisioned").exists());
+
+    // the wait for the host's read of the report is in the log and the total
+    let log = std::fs::read_to_string(root_dir.join("var/log/azprov.log")).unwrap();
+    assert!(
+        log.contains("kvp: the host did not read the guest pool within"),
+        "{log}"
+    );
+    assert!(s.timings_ms.total >= 5000, "{:?}", s.timings_ms);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root_dir.join("var/lib/azprov/state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["timings_ms"]["total"], s.timings_ms.total);
     let _ = std::fs::remove_dir_all(&dir);
 }

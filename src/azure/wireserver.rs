@@ -182,10 +182,41 @@ pub fn encode_failure(failure: &Failure, vm_id: &str, timestamp: &str, limit: Li
             ("documentation_url", DOCUMENTATION_URL),
         ])
     );
-    let head = join(&head);
     let room = limit.max().saturating_sub(limit.len(&tail));
-    let whole = format!("{}{tail}", limit.with(room).cut(&head));
+    let whole = format!("{}{tail}", join_within(&head, limit.with(room)));
     limit.cut(&whole).to_string()
+}
+
+/// `join` of as many fields as fit within `limit`, the last one cut to fit: a field is cut
+/// before it is quoted, so a quoted field always keeps its closing quote and a CSV reader
+/// never takes the fields after it into it.
+fn join_within(fields: &[(&str, &str)], limit: Limit) -> String {
+    let mut out = String::new();
+    for (k, v) in fields {
+        let sep = if out.is_empty() { "" } else { "|" };
+        let room = limit.max().saturating_sub(limit.len(&out) + limit.len(sep));
+        let field = format!("{k}={v}");
+        let quoted = quote(&field);
+        if limit.len(&quoted) <= room {
+            out.push_str(sep);
+            out.push_str(&quoted);
+            continue;
+        }
+        // the longest prefix of the field whose quoted form fits (quoting adds at most 2 and
+        // doubles quotes, so shrink until it fits)
+        let mut n = limit.len(&field).min(room);
+        while n > 0 {
+            let cut = quote(limit.with(n).cut(&field));
+            if limit.len(&cut) <= room {
+                out.push_str(sep);
+                out.push_str(&cut);
+                break;
+            }
+            n = n.saturating_sub((limit.len(&cut) - room).max(1));
+        }
+        break;
+    }
+    out
 }
 
 /// What cloud-init reports to KVP on success (`report_success_to_host`), fields in its order.
@@ -389,6 +420,50 @@ mod tests {
             incarnation: "42".into(),
             container_id: "a511aa6d-29e7-4f53-8788-55655dfe848f".into(),
             instance_id: "f6cd1d7ef1644557b9059345e5ba890c.lars-test-1".into(),
+        }
+    }
+
+    /// The fields of a report as a CSV reader with cloud-init's dialect reads them (`|`
+    /// between fields, `'` quotes, a doubled `'` inside quotes).
+    fn csv_fields(s: &str) -> Vec<String> {
+        let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+        let mut chars = s.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (c, quoted) {
+                ('\'', true) if chars.peek() == Some(&'\'') => {
+                    cur.push('\'');
+                    chars.next();
+                }
+                ('\'', _) => quoted = !quoted,
+                ('|', false) => out.push(std::mem::take(&mut cur)),
+                (c, _) => cur.push(c),
+            }
+        }
+        out.push(cur);
+        out
+    }
+
+    /// A quoted field that does not fit is cut inside its quotes and closed, never cut after
+    /// its opening quote: the fields after it stay fields of their own.
+    #[test]
+    fn a_cut_quoted_field_keeps_its_closing_quote() {
+        for (limit, n) in [
+            (Limit::Bytes(1022), 1500),
+            (Limit::Chars(512), 600),
+            (Limit::Bytes(1022), 900),
+        ] {
+            let mut f = Failure::new(Reason::Operator, "");
+            f.extra = vec![("detail", format!("disk 'data1' | {}", "x".repeat(n)))];
+            let v = encode_failure(&f, "vm-1", "2026-12-05T10:00:00Z", limit);
+            assert!(limit.len(&v) <= limit.max(), "{}", v.len());
+            let fields = csv_fields(&v);
+            assert!(fields.iter().any(|x| x == "vm_id=vm-1"), "{fields:?}");
+            assert!(
+                fields.last().unwrap().starts_with("documentation_url="),
+                "{fields:?}"
+            );
+            let detail = fields.iter().find(|x| x.starts_with("detail=")).unwrap();
+            assert!(detail.starts_with("detail=disk 'data1' | xxx"), "{detail}");
         }
     }
 

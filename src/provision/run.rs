@@ -144,9 +144,10 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
     if let Some(k) = keygen {
         install_host_keys(root, k.join(), &mut run.s);
     }
+    // the wait for the host's read of the report, and what it saw, go into the log and the total
+    kvp.finish(deadline);
     run.save(&written, &acked, earlier.as_ref(), &capture);
     finish_host_keys_later(root, &run.s, true);
-    kvp.finish(deadline);
     run.s
 }
 

@@ -206,16 +206,34 @@ pub fn register_message() -> Vec<u8> {
     m
 }
 
-/// Where the host's sweep of the guest pool stands relative to the health report.
+/// Where the host's sweep of the guest pool stands relative to the report. The host reads the
+/// pool when the health report arrives, which may be before the POST's answer comes back: a
+/// sweep that begins once the report is published counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sweep {
-    /// The report is not out yet.
-    BeforePost,
-    /// Out; the host has not begun a sweep since.
-    Posted(Instant),
-    Running(Instant),
-    /// A sweep begun after the report reached its end after this long.
+    /// No report published yet: a sweep now reads something else.
+    Unpublished,
+    /// Published at this instant; `posted` once the health POST went out (or failed).
+    Published {
+        at: Instant,
+        posted: bool,
+    },
+    Running {
+        at: Instant,
+        posted: bool,
+    },
+    /// A sweep begun after the report was published reached its end this long after it was.
     Done(Duration),
+}
+
+impl Sweep {
+    /// Whether `finish` waits: a report posted whose sweep has not ended.
+    fn awaited(self) -> bool {
+        matches!(
+            self,
+            Sweep::Published { posted: true, .. } | Sweep::Running { .. }
+        )
+    }
 }
 
 struct State {
@@ -291,7 +309,7 @@ impl Responder {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pools,
-                sweep: Sweep::BeforePost,
+                sweep: Sweep::Unpublished,
                 requests: 0,
                 changed: [false; POOL_COUNT],
             }),
@@ -310,25 +328,36 @@ impl Responder {
 
     /// The guest pool as it is now on disk: what the host is answered from here on.
     pub fn publish(&self, guest: Vec<Record>) {
-        if let Some(p) = self.shared.lock().pools.get_mut(usize::from(POOL_GUEST)) {
+        let mut st = self.shared.lock();
+        if let Some(p) = st.pools.get_mut(usize::from(POOL_GUEST)) {
             *p = guest;
         }
+        st.sweep = Sweep::Published {
+            at: Instant::now(),
+            posted: false,
+        };
     }
 
-    /// The health report is out: a sweep of the guest pool that begins now is the one the
-    /// host makes for it.
+    /// The health report is out (or failed): `finish` waits for the host's sweep, which may
+    /// have begun while the POST was in flight.
     pub fn posted(&self) {
         let mut st = self.shared.lock();
-        if st.sweep == Sweep::BeforePost {
-            st.sweep = Sweep::Posted(Instant::now());
-        }
+        st.sweep = match st.sweep {
+            Sweep::Unpublished => Sweep::Published {
+                at: Instant::now(),
+                posted: true,
+            },
+            Sweep::Published { at, .. } => Sweep::Published { at, posted: true },
+            Sweep::Running { at, .. } => Sweep::Running { at, posted: true },
+            done @ Sweep::Done(_) => done,
+        };
     }
 
     /// Serves until a sweep of the guest pool begun after the report has ended, or `deadline`;
     /// then closes the device. A report never posted waits for nothing.
     pub fn finish(mut self, deadline: Deadline) -> Finished {
         let mut st = self.shared.lock();
-        while matches!(st.sweep, Sweep::Posted(_) | Sweep::Running(_)) && !deadline.expired() {
+        while st.sweep.awaited() && !deadline.expired() {
             let wait = deadline.remaining().min(POLL_EVERY);
             st = match self.shared.swept.wait_timeout(st, wait) {
                 Ok((g, _)) => g,
@@ -337,16 +366,16 @@ impl Responder {
         }
         match st.sweep {
             Sweep::Done(after) => log::info!(
-                "kvp: the host read the report {} ms after it was posted ({} requests)",
+                "kvp: the host read the report {} ms after it was published ({} requests)",
                 after.as_millis(),
                 st.requests
             ),
-            Sweep::Posted(t) | Sweep::Running(t) => log::info!(
+            Sweep::Published { at, posted: true } | Sweep::Running { at, .. } => log::info!(
                 "kvp: the host did not read the guest pool within {} ms of the report ({} requests)",
-                t.elapsed().as_millis(),
+                at.elapsed().as_millis(),
                 st.requests
             ),
-            Sweep::BeforePost => {}
+            Sweep::Published { posted: false, .. } | Sweep::Unpublished => {}
         }
         let finished = Finished {
             changed: (0u8..)
@@ -361,7 +390,8 @@ impl Responder {
         finished
     }
 
-    /// Serves on for the life of the process (PID 1 with no root to boot).
+    /// Serves on for the life of the process (PID 1 with no root to boot): the thread goes on
+    /// with the device, and the drop that follows stops nothing.
     pub fn detach(mut self) {
         self.thread.take();
     }
@@ -375,26 +405,68 @@ impl Responder {
 }
 
 impl Drop for Responder {
-    /// On every way out the device is closed, so that the booted system's daemon can open it.
+    /// On every way out the device is closed, so that the booted system's daemon can open it;
+    /// but for a detached responder, which serves until the machine halts.
     fn drop(&mut self) {
-        self.stop();
+        if self.thread.is_some() {
+            self.stop();
+        }
     }
 }
 
-/// The serving loop: one message in, its answer out; a failed read or write reopens and
-/// registers again (as hv_kvp_daemon does since Linux 6.5), at most [`MAX_REOPENS`] in a row.
-fn serve(shared: &Shared, mut device: File, mut open: Opener) {
-    let mut buf = vec![0u8; MSG_SIZE];
-    let mut handshake = true;
+/// The serving loop: one message in, its answer out; a failed read or write closes the device
+/// and opens it again (as hv_kvp_daemon does since Linux 6.5: the device takes one opener, so
+/// the old descriptor goes first), at most [`MAX_REOPENS`] times in a row.
+fn serve(shared: &Shared, device: File, mut open: Opener) {
+    let mut device = Some(device);
     let mut reopens = 0u32;
     let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    while let Some(d) = device.take() {
+        let e = match exchange(shared, &d) {
+            Exchange::Stopped => return,
+            Exchange::Failed { error, served } => {
+                if served {
+                    reopens = 0;
+                }
+                error
+            }
+        };
+        drop(d);
+        if reopens >= MAX_REOPENS {
+            log::warn!("kvp: {e}, {MAX_REOPENS} times in a row; no longer serving");
+            return;
+        }
+        log::debug!("kvp: {e}; opening the device again");
+        let pause = backoff.delay(reopens, crate::deadline::jitter());
+        Deadline::after(pause).sleep(pause);
+        reopens += 1;
+        match register(&mut open) {
+            Ok(d) => device = Some(d),
+            Err(e) => log::warn!("kvp: cannot open the device again: {e}; no longer serving"),
+        }
+    }
+}
+
+/// How serving one opened device ended.
+enum Exchange {
+    /// The stop flag (or a poll that cannot go on): the device is closed, not reopened.
+    Stopped,
+    /// A read or write failed; `served`: a message was answered on this device before.
+    Failed { error: io::Error, served: bool },
+}
+
+/// Answers messages on `device` from its REGISTER1 on, until the stop flag or an error.
+fn exchange(shared: &Shared, mut device: &File) -> Exchange {
+    let mut buf = vec![0u8; MSG_SIZE];
+    let mut handshake = true;
+    let mut served = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        match readable(&device) {
+        match readable(device) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => {
                 log::warn!("kvp: poll: {e}; no longer serving");
-                return;
+                return Exchange::Stopped;
             }
         }
         let exchanged = match device.read(&mut buf) {
@@ -411,27 +483,11 @@ fn serve(shared: &Shared, mut device: File, mut open: Opener) {
             Err(e) => Err(e),
         };
         match exchanged {
-            Ok(()) => reopens = 0,
-            Err(e) if reopens < MAX_REOPENS => {
-                log::debug!("kvp: {e}; opening the device again");
-                let pause = backoff.delay(reopens, crate::deadline::jitter());
-                Deadline::after(pause).sleep(pause);
-                reopens += 1;
-                handshake = true;
-                match register(&mut open) {
-                    Ok(d) => device = d,
-                    Err(e) => {
-                        log::warn!("kvp: cannot open the device again: {e}; no longer serving");
-                        return;
-                    }
-                }
-            }
-            Err(e) => {
-                log::warn!("kvp: {e}, {MAX_REOPENS} times in a row; no longer serving");
-                return;
-            }
+            Ok(()) => served = true,
+            Err(error) => return Exchange::Failed { error, served },
         }
     }
+    Exchange::Stopped
 }
 
 /// Opens the device and writes REGISTER1, as a daemon begins.
@@ -462,8 +518,8 @@ fn handle(shared: &Shared, msg: &mut [u8], handshake: bool) -> Option<()> {
     }
     if h.op == Op::Enumerate && h.pool == POOL_GUEST {
         st.sweep = match (st.sweep, h.index, h.status) {
-            (Sweep::Posted(t), Some(0), _) => Sweep::Running(t),
-            (Sweep::Running(t), _, Some(HV_S_CONT)) => Sweep::Done(t.elapsed()),
+            (Sweep::Published { at, posted }, Some(0), _) => Sweep::Running { at, posted },
+            (Sweep::Running { at, .. }, _, Some(HV_S_CONT)) => Sweep::Done(at.elapsed()),
             (s, _, _) => s,
         };
         if matches!(st.sweep, Sweep::Done(_)) {

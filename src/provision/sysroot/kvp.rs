@@ -48,16 +48,23 @@ impl Sysroot {
     /// Pool `n`'s records (none when it is missing, unreadable or, under
     /// [`Freshness::ThisBoot`], older than this boot).
     pub fn read_kvp(&self, n: u8, fresh: Freshness, clock: BootClock) -> Vec<Record> {
-        let Ok(p) = self.resolve_full(&kvp::pool_file(n)) else {
+        let Ok(p) = self.resolve(&kvp::pool_file(n)) else {
             return Vec::new();
         };
-        let Ok(md) = std::fs::metadata(&p) else {
+        let Ok(mut file) = open_pool(&p, false) else {
             return Vec::new();
         };
+        let Ok(md) = file.metadata() else {
+            return Vec::new();
+        };
+        if !md.is_file() {
+            log::warn!("kvp: {} is not a regular file; not read", p.display());
+            return Vec::new();
+        }
         if fresh == Freshness::ThisBoot && stale(&md, clock) {
             return Vec::new();
         }
-        std::fs::read(&p)
+        read_pool(&mut file)
             .map(|b| kvp::parse_pool(&b))
             .unwrap_or_default()
     }
@@ -77,14 +84,15 @@ impl Sysroot {
             return Err(WriteError::Symlink(kvp::pool_file(n)));
         }
         let created = !path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        let file = open_pool(&path, true).map_err(io_err("open", &path))?;
+        // a FIFO would block the run, a device would be read without end
+        let md = file.metadata().map_err(io_err("stat", &path))?;
+        if !md.is_file() {
+            return Err(WriteError::Corrupt(format!(
+                "{} is not a regular file; not written",
+                kvp::pool_file(n)
+            )));
+        }
         if created {
             self.owners().set(&path, Some(&file), (0, 0))?;
             self.label(&path, libc::S_IFREG)?;
@@ -93,8 +101,7 @@ impl Sysroot {
         let md = file.metadata().map_err(io_err("stat", &path))?;
         let mut bytes = Vec::new();
         if !(fresh == Freshness::ThisBoot && stale(&md, clock)) {
-            file.read_to_end(&mut bytes)
-                .map_err(io_err("read", &path))?;
+            bytes = read_pool(&mut file).map_err(io_err("read", &path))?;
         }
         let mut records = kvp::parse_pool(&bytes);
         update(&mut records);
@@ -109,6 +116,28 @@ impl Sysroot {
         }
         Ok(records)
     }
+}
+
+/// The most of a pool file read: hv_kvp_daemon's pools hold a few records; this is 1,024.
+const POOL_MAX: u64 = 1024 * kvp::RECORD_SIZE as u64;
+
+/// A pool file opened without following a last symlink and without blocking (a FIFO there
+/// would block the open for ever); `write` creates it 0644.
+fn open_pool(path: &Path, write: bool) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(write)
+        .create(write)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// At most [`POOL_MAX`] bytes of a pool file.
+fn read_pool(file: &mut File) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.take(POOL_MAX).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 fn stale(md: &std::fs::Metadata, clock: BootClock) -> bool {
@@ -152,6 +181,50 @@ mod tests {
 
     fn pool(root: &Path) -> std::path::PathBuf {
         root.join("var/lib/hyperv/.kvp_pool_1")
+    }
+
+    /// A FIFO (whose open would block for ever) or a character device (read without end) at a
+    /// pool's path: neither read nor written, at once.
+    #[test]
+    fn a_fifo_or_a_device_at_a_pool_path_is_refused_at_once() {
+        use nix::sys::stat::{mknod, Mode, SFlag};
+        let t = tempfile();
+        let root = Sysroot::with_owners(&t, super::super::Owners::recording());
+        std::fs::create_dir_all(pool(&t).parent().unwrap()).unwrap();
+        nix::unistd::mkfifo(&pool(&t), Mode::from_bits_truncate(0o644)).unwrap();
+        let start = std::time::Instant::now();
+        assert_eq!(root.read_kvp(1, Freshness::Any, clock()), Vec::new());
+        let err = root
+            .update_kvp(1, Freshness::Any, clock(), |r| r.clear())
+            .unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        std::fs::remove_file(pool(&t)).unwrap();
+        // /dev/zero's numbers (root only: CI runs as root)
+        let zero = nix::sys::stat::makedev(1, 5);
+        if mknod(
+            &pool(&t),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o644),
+            zero,
+        )
+        .is_ok()
+        {
+            assert_eq!(root.read_kvp(1, Freshness::Any, clock()), Vec::new());
+            assert!(root
+                .update_kvp(1, Freshness::Any, clock(), |r| r.clear())
+                .is_err());
+        } else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "mknod needs root"
+            );
+        }
+        std::fs::remove_dir_all(&t).unwrap();
     }
 
     #[test]

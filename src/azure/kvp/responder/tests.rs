@@ -203,3 +203,80 @@ fn a_lost_device_is_opened_again_and_registered_anew() {
     let mut b = [0u8; 16];
     assert_eq!(kernel.read(&mut b).unwrap(), 0);
 }
+
+/// PID 1 with no root serves its failure until the machine halts: a detached responder still
+/// answers the host long after `detach` (its drop used to stop the thread 100 ms later).
+#[test]
+fn a_detached_responder_keeps_serving() {
+    let (r, _tx, mut kernel) = responder(pools_with_report());
+    registered(&mut kernel);
+    r.detach();
+    std::thread::sleep(POLL * 5);
+    let a = ask(&mut kernel, &enumerate(1, 0));
+    assert_eq!(c(&a[20..532]), b"PROVISIONING_REPORT");
+}
+
+const POLL: Duration = Duration::from_millis(100);
+
+/// The device takes one opener, as the kernel's hv_utils_transport does (EBUSY while the
+/// previous descriptor is open): after a failed read the responder closes before it opens
+/// again, so the second open succeeds and it registers anew.
+#[test]
+fn the_old_descriptor_is_closed_before_the_device_is_opened_again() {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    use std::sync::{Arc, Mutex};
+    let kernels: Arc<Mutex<Vec<File>>> = Arc::new(Mutex::new(Vec::new()));
+    let opens: Arc<Mutex<Vec<&'static str>>> = Arc::new(Mutex::new(Vec::new()));
+    let (k, o) = (kernels.clone(), opens.clone());
+    let open: Opener = Box::new(move || {
+        let mut ends = k.lock().unwrap();
+        if let Some(prev) = ends.last() {
+            let mut fds = [PollFd::new(prev.as_fd(), PollFlags::POLLIN)];
+            poll(&mut fds, PollTimeout::ZERO).unwrap();
+            if !fds[0].revents().unwrap().contains(PollFlags::POLLHUP) {
+                o.lock().unwrap().push("EBUSY");
+                return Err(io::Error::from_raw_os_error(libc::EBUSY));
+            }
+        }
+        let (dev, kernel) = pair();
+        ends.push(kernel);
+        o.lock().unwrap().push("ok");
+        Ok(dev)
+    });
+    let r = Responder::start(open, pools_with_report()).unwrap();
+    let mut kernel = kernels.lock().unwrap()[0].try_clone().unwrap();
+    registered(&mut kernel);
+    // a message of the wrong size: the read fails, the responder opens the device again
+    kernel.write_all(&[3u8; 16]).unwrap();
+    let start = Instant::now();
+    while kernels.lock().unwrap().len() < 2 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut again = kernels.lock().unwrap()[1].try_clone().unwrap();
+    registered(&mut again);
+    let a = ask(&mut again, &enumerate(1, 0));
+    assert_eq!(c(&a[20..532]), b"PROVISIONING_REPORT");
+    drop(r);
+    assert_eq!(*opens.lock().unwrap(), ["ok", "ok"]);
+}
+
+/// The host reads the guest pool when the health report reaches it, which may be before the
+/// POST's answer comes back: a sweep begun once the report was published counts, and finish
+/// does not wait for another.
+#[test]
+fn a_sweep_begun_while_the_post_is_in_flight_counts() {
+    let (r, _tx, mut kernel) = responder(Pools::default());
+    registered(&mut kernel);
+    // a sweep before the report: not the one for it
+    assert_eq!(status(&ask(&mut kernel, &enumerate(1, 0))), HV_S_CONT);
+    r.publish(pools_with_report()[1].clone());
+    let a = ask(&mut kernel, &enumerate(1, 0));
+    assert_eq!(c(&a[20..532]), b"PROVISIONING_REPORT");
+    ask(&mut kernel, &enumerate(1, 1));
+    assert_eq!(status(&ask(&mut kernel, &enumerate(1, 2))), HV_S_CONT);
+    r.posted();
+    let t = Instant::now();
+    r.finish(Deadline::after(Duration::from_secs(5)));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
