@@ -1310,3 +1310,78 @@ fn status_tells_the_truth_after_disabled_off_azure_failed_and_ready_runs() {
         "{out}"
     );
 }
+
+/// A DMI directory with Azure's asset tag and this VM id as product_uuid.
+fn dmi_of(net: &Net, name: &str, uuid: &str) -> String {
+    let d = net.path(name);
+    fs::create_dir_all(&d).unwrap();
+    fs::write(d.join("chassis_asset_tag"), format!("{AZURE_ASSET_TAG}\n")).unwrap();
+    fs::write(d.join("product_uuid"), format!("{uuid}\n")).unwrap();
+    d.display().to_string()
+}
+
+/// The disk of VM A booted as VM B, whose run fails before its writes: A's custom data, user
+/// data and IMDS document are gone all the same, and run-scripts runs nothing for B.
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn a_new_vm_whose_run_fails_never_keeps_the_earlier_vms_data() {
+    require_privileges();
+    let (mut net, root) = setup(doc("vm-a", "azureuser"), json!([]), &[]);
+    let r = root.to_str().unwrap().to_string();
+    let cmdline = net.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro");
+    let run = |net: &Net, dmi: &str, ovf: &str| {
+        azprov_json(
+            net,
+            &[
+                "provision",
+                "--root",
+                &r,
+                "--json",
+                "--dmi",
+                dmi,
+                "--cmdline",
+                &cmdline,
+                "--iface",
+                "vm0",
+                "--timeout",
+                "20",
+                "--ovf",
+                ovf,
+                "--keep-host-keys",
+            ],
+        )
+    };
+    let a = dmi_of(&net, "dmi-a", "aaaaaaaa-0000-4000-8000-00000000000a");
+    let (_, v) = run(&net, &a, OVF);
+    assert_eq!(v["report"], "ready", "{v}");
+    for f in ["customdata", "userdata", "imds.json"] {
+        assert!(root.join("var/lib/azprov").join(f).exists(), "{f}");
+    }
+    let marker = text(root.join("var/lib/azprov/provisioned"));
+    // VM B: IMDS announces custom data its CD does not bring, so the run fails before writing
+    let mut d = doc("vm-b", "azureuser");
+    d["extended"]["compute"]["hasCustomData"] = json!(true);
+    net.restart_fabric(&d, &json!([]));
+    let minimal = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ovf/minimal.xml"
+    );
+    let b = dmi_of(&net, "dmi-b", "bbbbbbbb-0000-4000-8000-00000000000b");
+    let (_, v) = run(&net, &b, minimal);
+    assert_eq!(
+        v["reason"], "failure to read customData that IMDS announces",
+        "{v}"
+    );
+    for f in ["customdata", "userdata", "imds.json"] {
+        assert!(
+            !root.join("var/lib/azprov").join(f).exists(),
+            "{f} of VM A is left"
+        );
+    }
+    assert_eq!(text(root.join("var/lib/azprov/provisioned")), marker);
+    let o = net.azprov(&["run-scripts", "--root", &r]);
+    assert!(stderr(&o).contains("no script runs"), "{}", stderr(&o));
+}

@@ -111,7 +111,7 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         vm_id: state
             .vm_id
             .clone()
-            .or(marker)
+            .or(marker.clone())
             .or_else(|| this("vm_id"))
             .filter(|id| id != crate::provision::state::UNKNOWN_VM),
         provisioned_at: state.provisioned_at.clone(),
@@ -137,7 +137,9 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
             .as_ref()
             .map_or_else(|| LOG_FILE.to_string(), |b| b.log.clone()),
         state_unreadable,
+        // the scripts of the VM the state is about, never an earlier VM's
         scripts: crate::provision::scripts::Record::load(&root)
+            .filter(|r| r.vm_id.is_some() && r.vm_id == state.vm_id.clone().or(marker.clone()))
             .map(|r| r.ran)
             .unwrap_or_default(),
     };

@@ -113,6 +113,7 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
     let earlier = State::load(root);
     // read-only again when this run ends, whichever way
     let _writable = writable(&opts.root, opts.remount);
+    run.drop_earlier_vms_data();
     // new host keys for the new VM, made beside the other stages
     let keygen = opts
         .host_keys
@@ -252,6 +253,28 @@ impl<'a> Run<'a> {
         }
         // the VM id the run read from DMI at its start
         already_provisioned(self.root, self.s.vm_id.as_deref())
+    }
+
+    /// A new VM (the marker names another VM id): the earlier VM's custom data, user data and
+    /// IMDS document go before anything can fail, so that no failure leaves them to be run
+    /// or shown as this VM's.
+    fn drop_earlier_vms_data(&self) {
+        let (Some(marker), Some(id)) = (self.root.read_marker(), self.s.vm_id.as_deref()) else {
+            return;
+        };
+        if marker == id {
+            return;
+        }
+        for name in super::write::VM_DATA {
+            match self
+                .root
+                .remove_file(&format!("{}/{name}", sysroot::STATE_DIR))
+            {
+                Ok(()) => {}
+                Err(e) => log::warn!("cannot remove the earlier VM's {name}: {e}"),
+            }
+        }
+        log::info!("the earlier VM's data ({marker}) removed: this is {id}");
     }
 
     /// A provisioned reboot: nothing, or what the first boot still owes (reboot.rs).

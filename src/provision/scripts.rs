@@ -126,7 +126,14 @@ pub fn run_once(
         return Ok(vec!["not provisioned by azprov: no script runs".into()]);
     };
     let state = State::load(root).unwrap_or_default();
-    let vm_id = state.vm_id.clone().unwrap_or_else(|| marker.clone());
+    // the data is the marker's VM's; a later run for another VM that failed left no data of
+    // its own (it removed the earlier VM's), and none of the earlier VM's runs for it
+    if let Some(latest) = state.vm_id.as_deref().filter(|id| *id != marker) {
+        return Ok(vec![format!(
+            "the last run was for VM {latest} and did not finish; {STATE_DIR} holds no data of it: no script runs"
+        )]);
+    }
+    let vm_id = marker.clone();
     let mut record = Record::load(root).unwrap_or_default();
     if record.vm_id.as_deref() != Some(vm_id.as_str()) {
         record = Record {
@@ -298,6 +305,23 @@ mod tests {
         let run = |_: &Path| -> Result<Ended, String> { panic!("ran") };
         let said = run_once(&root, &run).unwrap();
         assert!(said[0].contains("not provisioned by azprov"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The disk of VM A booted as VM B, whose run failed before its writes: the marker still
+    /// names A, state.json names B. A's script is not B's: nothing runs.
+    #[test]
+    fn an_earlier_vms_script_never_runs_for_a_vm_whose_run_did_not_finish() {
+        let (d, root) = root_with(&[
+            ("provisioned", "vm-a\n"),
+            ("state.json", r#"{"vm_id": "vm-b", "report": "failure"}"#),
+            ("customdata", "#!/bin/sh\necho A-SECRET\n"),
+            ("x", ""),
+        ]);
+        let run = |_: &Path| -> Result<Ended, String> { panic!("an earlier VM's script ran") };
+        let said = run_once(&root, &run).unwrap();
+        assert!(said[0].contains("the last run was for VM vm-b"), "{said:?}");
+        assert!(!said[0].contains("A-SECRET"));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -197,6 +197,9 @@ fn write_account(
     Ok(account)
 }
 
+/// The files in /var/lib/azprov that hold one VM's data.
+pub const VM_DATA: [&str; 3] = ["customdata", "userdata", "imds.json"];
+
 /// The system chain: hostname, sshd's password setting, custom data, user data, IMDS.
 fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
     root.write_hostname(&data.hostname.0)
@@ -221,6 +224,7 @@ fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
         None => log::info!("sshd: no /etc/ssh/sshd_config in the root; nothing written"),
     }
     // what this VM's data does not replace goes: an earlier VM's script must never run here
+    // (VM_DATA, also removed at the start of a new VM's run)
     let state = [
         ("customdata", &data.custom_data, Reason::WriteCustomData),
         ("userdata", &data.user_data, Reason::WriteUserData),

@@ -41,6 +41,8 @@ const STATE_FD: i32 = 5;
 /// /proc/stat, opened by the parent: the helper's own view of the filesystems is the
 /// initramfs's, whose /proc the handover moves into the real root.
 const STAT_FD: i32 = 6;
+/// /proc itself, for the same reason: where sshd's command is read before it is signalled.
+const PROC_FD: i32 = 7;
 /// How long a read-only root is waited for, and how often it is tried.
 const WRITABLE_WAIT: Duration = Duration::from_secs(900);
 const WRITABLE_POLL: Duration = Duration::from_millis(250);
@@ -139,6 +141,10 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
     if let Some(f) = &stat {
         fds.push((f, STAT_FD));
     }
+    let proc = File::open("/proc").ok();
+    if let Some(f) = &proc {
+        fds.push((f, PROC_FD));
+    }
     let exe = std::path::Path::new("/proc/self/exe");
     let pid = crate::sys::process::spawn_detached(exe, ARGV0, &args, console, &fds)?;
     // its session, its own, weighed as nice 19 beside the others (set from here: the helper
@@ -215,8 +221,23 @@ pub fn main(job: &Job) -> Result<(), String> {
     );
     let ssh = crate::sys::process::inherited(SSH_FD).ok_or("no /etc/ssh handle")?;
     let run_dir = crate::sys::process::inherited(RUN_FD);
+    let proc = crate::sys::process::inherited(PROC_FD);
     let state = crate::sys::process::inherited(STATE_FD);
-    run(job, &ssh, run_dir.as_ref(), state.as_ref()).map(drop)
+    let sshd = match (&run_dir, &proc) {
+        (Some(run), Some(proc)) => Some(SshdDirs { run, proc }),
+        _ => None,
+    };
+    run(job, &ssh, sshd, state.as_ref()).map(drop)
+}
+
+/// Where the running sshd is found, as handles the parent opened before the handover: /run
+/// (its pid file) and /proc (its command). The helper keeps the initramfs's view of the
+/// filesystems, whose /proc and /run the handover moves into the real root; a handle follows
+/// the mount wherever it goes.
+#[derive(Clone, Copy)]
+pub struct SshdDirs<'a> {
+    pub run: &'a File,
+    pub proc: &'a File,
 }
 
 /// What the helper was told.
@@ -230,17 +251,17 @@ pub struct Job {
 }
 
 /// The helper: makes the key, writes it into `ssh` (a handle on the root's /etc/ssh), adds
-/// its fingerprint to state.json in `state`, reloads an sshd whose pid file is in `run`, and
-/// prints the fingerprint block. Errors are logged; the image's other keys stay either way.
+/// its fingerprint to state.json in `state`, reloads the sshd `sshd` finds, and prints the
+/// fingerprint block. Errors are logged; the image's other keys stay either way.
 pub fn run(
     job: &Job,
     ssh: &File,
-    run: Option<&File>,
+    sshd: Option<SshdDirs>,
     state: Option<&File>,
 ) -> Result<String, String> {
     let t = Instant::now();
     let key = rsa_now().map_err(|e| e.to_string())?;
-    publish(job, key, t.elapsed(), ssh, run, state)
+    publish(job, key, t.elapsed(), ssh, sshd, state)
 }
 
 /// [`run`] once the key (made in `took`) is there: it goes into `ssh` unless a key appeared
@@ -250,7 +271,7 @@ fn publish(
     mut key: ssh_key::PrivateKey,
     took: Duration,
     ssh: &File,
-    run: Option<&File>,
+    sshd: Option<SshdDirs>,
     state: Option<&File>,
 ) -> Result<String, String> {
     key.set_comment(&job.comment);
@@ -307,8 +328,8 @@ fn publish(
             log::warn!("host keys: state.json: {e}");
         }
     }
-    if let (true, Some(run)) = (published, run) {
-        reload_sshd(run);
+    if let (true, Some(dirs)) = (published, sshd) {
+        reload_sshd(dirs);
     }
     Ok(line)
 }
@@ -459,22 +480,26 @@ fn add_to_state(
     dir.sync_all().map_err(|e| format!("fsync: {e}"))
 }
 
-/// SIGHUP to the sshd whose pid `run`'s sshd.pid names, looked for a few times.
-fn reload_sshd(run: &File) {
+/// SIGHUP to the sshd whose pid /run/sshd.pid names, once /proc says that pid is sshd; looked
+/// for a few times.
+fn reload_sshd(dirs: SshdDirs) {
     let start = Instant::now();
     for at in SSHD_LOOKS {
         if let Some(wait) = Duration::from_secs(at).checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
-        let Ok(mut f) = crate::sys::at::open(run, "sshd.pid", nix::fcntl::OFlag::O_RDONLY, 0)
-        else {
+        let read = |dir: &File, name: &str| {
+            let mut text = String::new();
+            crate::sys::at::open(dir, name, nix::fcntl::OFlag::O_RDONLY, 0)
+                .ok()?
+                .read_to_string(&mut text)
+                .ok()?;
+            Some(text)
+        };
+        let Some(text) = read(dirs.run, "sshd.pid") else {
             continue;
         };
-        let mut text = String::new();
-        let _ = f.read_to_string(&mut text);
-        let pid = match sshd_named(&text, |pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()
-        }) {
+        let pid = match sshd_named(&text, |pid| read(dirs.proc, &format!("{pid}/comm"))) {
             Ok(pid) => pid,
             Err(why) => {
                 log::warn!("host keys: sshd.pid: {why}; sshd not reloaded");
@@ -509,6 +534,44 @@ fn sshd_named(text: &str, comm: impl Fn(i32) -> Option<String>) -> Result<i32, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After the handover the helper has no /proc of its own (it moved into the real root):
+    /// sshd is found and signalled through the handles the parent opened. Here the handles
+    /// are on stand-ins for /run and /proc, moved away before the helper looks, and the sshd
+    /// is a child named sshd in the stand-in /proc.
+    #[test]
+    fn sshd_is_found_through_the_handles_after_proc_has_moved() {
+        use std::os::unix::process::ExitStatusExt;
+        let d = std::env::temp_dir().join(format!("azprov-sighup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("run")).unwrap();
+        let mut sshd = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(d.join("run/sshd.pid"), format!("{}\n", sshd.id())).unwrap();
+        std::fs::create_dir_all(d.join("proc").join(sshd.id().to_string())).unwrap();
+        std::fs::write(
+            d.join("proc").join(sshd.id().to_string()).join("comm"),
+            "sshd\n",
+        )
+        .unwrap();
+        let (run, proc) = (
+            File::open(d.join("run")).unwrap(),
+            File::open(d.join("proc")).unwrap(),
+        );
+        // the handover: both move into the real root
+        std::fs::create_dir_all(d.join("newroot")).unwrap();
+        std::fs::rename(d.join("proc"), d.join("newroot/proc")).unwrap();
+        std::fs::rename(d.join("run"), d.join("newroot/run")).unwrap();
+        reload_sshd(SshdDirs {
+            run: &run,
+            proc: &proc,
+        });
+        let status = sshd.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGHUP), "{status:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn only_a_pid_above_1_whose_process_is_sshd_is_signalled() {
