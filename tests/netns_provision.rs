@@ -426,6 +426,11 @@ fn custom_data_imds_announces_and_no_cd_brings_is_reported() {
         "{desc}"
     );
     assert!(!root.join("var/lib/azprov/provisioned").exists());
+    // NotReady, but the admin can log in and see why: the user, the keys, the hostname
+    assert!(text(root.join("etc/passwd")).contains("\nazureuser:"));
+    assert!(text(root.join("home/azureuser/.ssh/authorized_keys")).contains(KEY_A));
+    assert_eq!(text(root.join("etc/hostname")), "vm-cd\n");
+    assert_eq!(v["stage"], "merge");
     // the OVF with its CustomData: Ready
     let (net, root) = setup(d, json!([]), &[]);
     let (o, v) = provision(&net, &root, &["--ovf", OVF]);

@@ -276,6 +276,9 @@ pub struct ProvisioningData {
     pub custom_data: Option<Secret<Vec<u8>>>,
     pub user_data: Option<Secret<Vec<u8>>>,
     pub imds_json: Option<Secret<Vec<u8>>>,
+    /// The data lets the admin log in, but provisioning failed for this reason: written all
+    /// the same, with no marker, and reported (custom data IMDS announces that never came).
+    pub incomplete: Option<super::Failure>,
 }
 
 #[cfg(test)]

@@ -97,9 +97,10 @@ pub fn merge(
     };
 
     let custom_data = ovf_env.and_then(|o| o.custom_data.clone());
-    if custom_data.is_none() && m.and_then(|m| m.has_custom_data) == Some(true) {
-        return Err(missing_custom_data(ovf));
-    }
+    // without its custom data the VM is not what was asked for: NotReady, but the admin can
+    // still log in and see why
+    let incomplete = (custom_data.is_none() && m.and_then(|m| m.has_custom_data) == Some(true))
+        .then(|| missing_custom_data(ovf));
 
     Ok(ProvisioningData {
         vm_id: m.map(|m| m.vm_id.clone()),
@@ -111,6 +112,7 @@ pub fn merge(
         custom_data,
         user_data: m.and_then(|m| m.user_data.clone()),
         imds_json: m.map(|m| m.raw.clone()),
+        incomplete,
     })
 }
 
@@ -123,10 +125,12 @@ fn missing_custom_data(ovf: &Result<Option<OvfEnv>, Failure>) -> Failure {
         Ok(Some(_)) => "ovf-env.xml has no CustomData".to_string(),
         Err(f) => f.to_string(),
     };
-    Failure::new(
+    let mut f = Failure::new(
         Reason::MissingCustomData,
         format!("IMDS says hasCustomData=true; {why}"),
-    )
+    );
+    f.stage = Some("merge");
+    f
 }
 
 /// IMDS's value, else ovf-env.xml's, validated by `parse`; `reasons` are (missing, invalid).
@@ -255,7 +259,13 @@ mod tests {
         let (o, m) = both();
         let mut m = m.unwrap();
         m.has_custom_data = Some(true);
-        let e = merge(&Ok(None), &Ok(m.clone())).unwrap_err();
+        // the data to log in with comes all the same, the failure beside it
+        let missing = |ovf: &Result<Option<OvfEnv>, Failure>| {
+            merge(ovf, &Ok(m.clone())).unwrap().incomplete.unwrap()
+        };
+        let d = merge(&Ok(None), &Ok(m.clone())).unwrap();
+        assert_eq!(d.username.0.to_string(), "azureuser");
+        let e = d.incomplete.unwrap();
         assert_eq!(e.reason, Reason::MissingCustomData);
         assert_eq!(
             e.reason.as_str(),
@@ -264,19 +274,18 @@ mod tests {
         assert!(e.to_string().contains("no provisioning media"), "{e}");
         let mut bare = o.clone().unwrap().unwrap();
         bare.custom_data = None;
-        let e = merge(&Ok(Some(bare)), &Ok(m.clone())).unwrap_err();
+        let e = missing(&Ok(Some(bare)));
         assert!(
             e.to_string().contains("ovf-env.xml has no CustomData"),
             "{e}"
         );
-        let unread = Err(Failure::new(Reason::MediaRead, "sr0: EIO"));
-        let e = merge(&unread, &Ok(m.clone())).unwrap_err();
+        let e = missing(&Err(Failure::new(Reason::MediaRead, "sr0: EIO")));
         assert_eq!(e.reason, Reason::MissingCustomData);
         assert!(e.to_string().contains("sr0: EIO"), "{e}");
         // with the custom data, or with IMDS silent about it, the run goes on
-        assert!(merge(&o, &Ok(m.clone())).is_ok());
+        assert!(merge(&o, &Ok(m.clone())).unwrap().incomplete.is_none());
         m.has_custom_data = None;
-        assert!(merge(&Ok(None), &Ok(m)).is_ok());
+        assert!(merge(&Ok(None), &Ok(m)).unwrap().incomplete.is_none());
     }
 
     #[test]

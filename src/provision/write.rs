@@ -60,6 +60,13 @@ pub fn write_all(
             &e,
         )
     })?;
+    // written so the admin can log in and look; not provisioned: no marker, NotReady
+    if let Some(f) = &data.incomplete {
+        log::warn!(
+            "the user, keys and hostname are written so the admin can log in and see why; no marker: {f}"
+        );
+        return Err(f.clone());
+    }
     let owed = State {
         vm_id: (vm_id != super::state::UNKNOWN_VM).then(|| vm_id.to_string()),
         provisioned_at: Some(crate::time::now_rfc3339()),

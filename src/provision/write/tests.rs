@@ -18,6 +18,7 @@ fn data(user: &str) -> ProvisioningData {
         custom_data: Some(Secret::new(b"#!/bin/sh\n".to_vec())),
         user_data: None,
         imds_json: None,
+        incomplete: None,
     }
 }
 
