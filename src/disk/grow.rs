@@ -7,17 +7,23 @@
 //!
 //! GPT: the partition's last LBA moves to the new last usable LBA; the backup entry array and
 //! header move to the disk's new end; both headers' CRCs are recomputed. The kernel reads only
-//! the primary table (the backup only with `gpt` on its command line). The order: the
-//! protective MBR's size (nobody reads it but as a marker), then the new backup array and
-//! header at the new end (unused while the primary is sound), then the primary's one entry
-//! sector that changes, and last the primary header sector, the commit point. Every write but
-//! the backup array is one sector, which storage writes whole; none is a multi-sector write
-//! that could land in part. A cut before the entry sector leaves the old table whole, and the
-//! next boot plans it all again; after the header, the new one. A cut between the two leaves
-//! a primary whose array fails its header's CRC beside a sound new backup: [`restore`] puts
-//! the primary back from the backup (PID 1 does it before it looks for the root, growroot
-//! before it plans). A hybrid MBR (real entries beside the 0xEE one) is left as it is.
-//! MBR: the entry's sector count, one write of sector 0.
+//! the primary table (the backup only with `gpt` on its command line), and in hook mode the
+//! framework looks for the root before azprov could mend anything: no cut may leave the
+//! primary unsound. The primary header names where its array is (PartitionEntryLBA), and one
+//! header sector is written whole by storage, so the array is swapped under it (staged):
+//! the protective MBR's size (nobody reads it but as a marker); the new backup array and header
+//! at the new end (unused while the primary is sound); the new array into the free sectors
+//! between the primary array and the first usable LBA (found zeroed, referenced by nothing);
+//! the primary header pointing at that copy (the commit point: the new table); the new array
+//! in its usual place (unreferenced now); the header pointing back at it; the copy zeroed
+//! again. Every state a cut leaves, and every multi-sector write torn in its middle, is a sound
+//! old or new table. Where the gap is too small or not zeroed (a boot loader's data), the
+//! order is the old one: the primary's one entry sector, then its header; a cut between the
+//! two leaves a primary whose array fails its header's CRC beside a sound new backup, which
+//! [`restore`] puts back (PID 1 before it looks for the root, growroot before it plans; a
+//! hook-mode VM cut there waits for the next PID-1 or growroot run). [`restore`] also mends a
+//! header sector torn in its middle, which storage does not do. A hybrid MBR (real entries
+//! beside the 0xEE one) is left as it is. MBR: the entry's sector count, one write of sector 0.
 
 use super::block::{le32, le64};
 
@@ -283,12 +289,42 @@ fn gpt(
     if let Some(mbr) = mbr {
         writes.push((0, mbr));
     }
+    let primary_entry = (entries_lba * sector + changed as u64, entry_sector);
+    // the lowest partition start: the copy must end before every partition
+    let lowest = entries
+        .chunks(size)
+        .filter(|e| !e.iter().take(16).all(|&b| b == 0))
+        .filter_map(|e| le64(e, 32))
+        .min()
+        .unwrap_or(first);
+    let stage = staging_area(
+        read_at,
+        &hdr,
+        &entries,
+        entries_lba + entry_sectors,
+        lowest,
+        sector,
+    );
     writes.extend([
-        (backup_entries * sector, entries),
+        (backup_entries * sector, entries.clone()),
         (last_lba * sector, backup),
-        (entries_lba * sector + changed as u64, entry_sector),
-        (sector, hdr),
     ]);
+    match stage {
+        Some(scratch) => {
+            let mut staged = hdr.clone();
+            put64(&mut staged, 72, scratch);
+            seal(&mut staged, hdr_size);
+            let len = entries.len();
+            writes.extend([
+                (scratch * sector, entries),
+                (sector, staged),
+                primary_entry,
+                (sector, hdr),
+                (scratch * sector, vec![0; len]),
+            ]);
+        }
+        None => writes.extend([primary_entry, (sector, hdr)]),
+    }
     Ok(Plan {
         table: "GPT",
         writes,
@@ -298,6 +334,27 @@ fn gpt(
         gain,
         note,
     })
+}
+
+/// The LBA where a copy of the new entry array can stand while the primary header is swapped
+/// onto it: right after the primary array, wholly before the first usable LBA (in `hdr`) and
+/// before the partition, and reading as zeros now (no boot loader keeps data there). None
+/// where there is no such room.
+fn staging_area(
+    read_at: ReadAt,
+    hdr: &[u8],
+    entries: &[u8],
+    after_array: u64,
+    lowest_partition: u64,
+    sector: u64,
+) -> Option<u64> {
+    let sectors = (entries.len() as u64).div_ceil(sector);
+    let end = after_array.checked_add(sectors)?;
+    if end > le64(hdr, 40)? || end > lowest_partition {
+        return None;
+    }
+    let now = read_at(after_array.checked_mul(sector)?, entries.len())?;
+    (now.len() == entries.len() && now.iter().all(|b| *b == 0)).then_some(after_array)
 }
 
 /// Sector 0 of a GPT disk with its protective entry covering the whole disk (as far as 32
@@ -531,61 +588,109 @@ pub(crate) mod tests {
         let _ = std::fs::remove_file(&p);
     }
 
+    /// The disk of `cut_test`: 32 MiB, two partitions from 1 MiB, grown to 64 MiB.
+    fn cut_disk(layout: &str) -> (std::path::PathBuf, std::fs::File, Plan) {
+        let p = sfdisk_disk("cut", layout, 32);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(64 << 20).unwrap();
+        let plan = super::plan(&mut reader(&f), 64 << 20, 2, 512).unwrap();
+        (p, f, plan)
+    }
+
     #[test]
-    fn a_power_cut_or_a_torn_write_anywhere_leaves_a_table_the_next_boot_makes_whole() {
-        // every prefix of the writes, and every write torn in its middle: what the next boot
-        // finds once `restore` has run (as PID 1 runs it before it looks for the root) is a
-        // sound primary table (all the kernel reads without `gpt` on its command line), the old
-        // one or the new one, and sfdisk agrees
-        let plan = apply(&sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32), 64, 2).unwrap();
+    fn a_power_cut_or_a_torn_write_anywhere_leaves_a_sound_primary_with_no_repair() {
+        // every prefix of the writes, and every multi-sector write torn in its middle: the
+        // primary table (all the kernel reads without `gpt` on its command line, and what a
+        // hook-mode framework looks for the root in, before azprov runs) is sound as it is,
+        // the old one or the new one; sfdisk agrees, and the next run plans what is left
+        let layout = "label: gpt\nstart=2048,size=8M\nsize=8M\n";
+        let (_, _, plan) = cut_disk(layout);
         let n = plan.writes.len();
         assert_eq!(
-            n, 5,
-            "MBR, backup array, backup header, entry sector, primary header"
+            n, 8,
+            "MBR, backup array and header, the staged array, the header on it, the array, \
+             the header back, the stage zeroed"
         );
-        // every write but the backup array is one sector
-        for (i, (_, bytes)) in plan.writes.iter().enumerate() {
-            assert!(
-                i == 1 || bytes.len() == 512,
-                "write {i}: {} bytes",
-                bytes.len()
-            );
+        // the header swaps are single sectors, which storage writes whole
+        for i in [4, 6] {
+            assert_eq!((plan.writes[i].0, plan.writes[i].1.len()), (512, 512));
         }
-        let mut restored = 0;
+        let mut new = 0;
         for cut in 0..=n {
+            for torn in [None, Some(4096)] {
+                let multi = cut > 0 && plan.writes[cut - 1].1.len() > 4096;
+                if torn.is_some() && !multi {
+                    continue;
+                }
+                let (p, f, plan) = cut_disk(layout);
+                write_to(&f, &plan.writes[..cut], torn);
+                let what = format!("cut after {cut} writes, torn {torn:?}");
+                assert_eq!(
+                    restore(&mut reader(&f), 64 << 20, 512),
+                    None,
+                    "{what}: unsound"
+                );
+                let again = super::plan(&mut reader(&f), 64 << 20, 2, 512);
+                new += usize::from(matches!(again, Err(Skip::Little(_))));
+                assert!(
+                    matches!(again, Ok(_) | Err(Skip::Little(_))),
+                    "{what}: {again:?}"
+                );
+                let v = std::process::Command::new("sfdisk")
+                    .args(["--dump", p.to_str().unwrap()])
+                    .output()
+                    .unwrap();
+                assert!(
+                    v.status.success(),
+                    "{what}: {}",
+                    String::from_utf8_lossy(&v.stderr)
+                );
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+        // from the header's first swap on, the table is the new one
+        assert!(new >= 4, "{new}");
+        // the stage is zeroed again at the end: a later grow finds it free
+        let (p, f, plan) = cut_disk(layout);
+        write_to(&f, &plan.writes, None);
+        let mut read = reader(&f);
+        assert!(read(34 * 512, 32 * 512).unwrap().iter().all(|b| *b == 0));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn without_a_free_gap_the_old_order_is_mended_by_restore() {
+        // a partition right after the primary array: no room to stage the array, so the
+        // entry sector and then the header; a cut between them (or a header torn, which
+        // storage does not do) leaves an unsound primary that restore puts back
+        let layout = "label: gpt\nfirst-lba: 34\nstart=34,size=8M\nsize=8M\n";
+        let (_, _, plan) = cut_disk(layout);
+        assert_eq!(
+            plan.writes.len(),
+            5,
+            "MBR, backup array and header, entry sector, header"
+        );
+        let mut restored = 0;
+        for cut in 0..=plan.writes.len() {
             for torn in [None, Some(256)] {
                 if cut == 0 && torn.is_some() {
                     continue;
                 }
-                let p = sfdisk_disk("cut", "label: gpt\n,8M\n,8M\n", 32);
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&p)
-                    .unwrap();
-                f.set_len(64 << 20).unwrap();
-                let plan = super::plan(&mut reader(&f), 64 << 20, 2, 512).unwrap();
+                let (p, f, plan) = cut_disk(layout);
                 write_to(&f, &plan.writes[..cut], torn);
-                // the next boot: the primary put back from the backup where it is not sound
                 if let Some(fix) = restore(&mut reader(&f), 64 << 20, 512) {
                     restored += 1;
                     write_to(&f, &fix, None);
                 }
                 assert_eq!(restore(&mut reader(&f), 64 << 20, 512), None, "sound now");
                 let again = super::plan(&mut reader(&f), 64 << 20, 2, 512);
-                let what = format!(
-                    "cut after {cut} writes, torn {torn:?}: {:?}",
-                    again.as_ref().map(|p| p.gain)
-                );
-                assert!(matches!(again, Ok(_) | Err(Skip::Little(_))), "{what}");
-                let o = std::process::Command::new("sfdisk")
-                    .args(["--dump", p.to_str().unwrap()])
-                    .output()
-                    .unwrap();
-                let dump = String::from_utf8_lossy(&o.stdout);
                 assert!(
-                    o.status.success() && dump.contains("label: gpt"),
-                    "{what}: {dump}"
+                    matches!(again, Ok(_) | Err(Skip::Little(_))),
+                    "cut {cut} torn {torn:?}"
                 );
                 let _ = std::fs::remove_file(&p);
             }

@@ -492,11 +492,15 @@ mod tests {
     use super::*;
     use crate::disk::grow::tests::{reader, sfdisk};
 
+    /// A disk whose first partition follows the primary array at once: no gap to stage the
+    /// array in, so growroot writes the entry sector and then the header.
+    const NO_GAP: &str = "label: gpt\nfirst-lba: 34\nstart=34,size=8M\nsize=8M\n";
+
     /// A 64 MiB GPT disk image (sfdisk) grown from 32 MiB, cut between the primary's entry
     /// sector and its header: the kernel would find no partition on it.
     fn torn_disk(path: &Path) {
         File::create(path).unwrap().set_len(32 << 20).unwrap();
-        sfdisk(path.to_str().unwrap(), "label: gpt\n,8M\n,8M\n");
+        sfdisk(path.to_str().unwrap(), NO_GAP);
         let f = File::options().read(true).write(true).open(path).unwrap();
         f.set_len(64 << 20).unwrap();
         let plan = grow::plan(&mut reader(&f), 64 << 20, 2, 512).unwrap();
@@ -587,13 +591,17 @@ mod tests {
     /// A 32 MiB GPT image (sfdisk): 8 MiB, then a partition to the image's end; on a disk of
     /// `disk_mib` MiB.
     fn gpt_image(disk_mib: u64) -> Vec<u8> {
+        gpt_image_of(disk_mib, "label: gpt\n,8M\n,\n")
+    }
+
+    fn gpt_image_of(disk_mib: u64, layout: &str) -> Vec<u8> {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let d = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("target")
             .join(format!("azprov-growseam-{}-{n}", std::process::id()));
         File::create(&d).unwrap().set_len(32 << 20).unwrap();
-        sfdisk(d.to_str().unwrap(), "label: gpt\n,8M\n,\n");
+        sfdisk(d.to_str().unwrap(), layout);
         File::options()
             .write(true)
             .open(&d)
@@ -670,9 +678,10 @@ mod tests {
 
     #[test]
     fn a_torn_primary_is_put_back_before_the_grow_is_planned() {
-        // a grow cut between the entry sector and the header: the primary's array does not
-        // match its header, the backup at the new end is sound and new
-        let mut image = gpt_image(64);
+        // a grow cut between the entry sector and the header (a disk with no gap to stage the
+        // array in): the primary's array does not match its header, the backup at the new end
+        // is sound and new
+        let mut image = gpt_image_of(64, NO_GAP);
         let plan = grow::plan(
             &mut |at, len| {
                 image
