@@ -479,34 +479,57 @@ pub(crate) fn fingerprint_line(kind: KeyType, key: &PrivateKey, comment: &str) -
     )
 }
 
-/// The same line for a key azprov did not make (its size, comment and type from the key).
-pub(crate) fn public_fingerprint_line(key: &ssh_key::PublicKey) -> String {
-    use ssh_key::public::KeyData;
-    let (bits, label) = match key.key_data() {
-        KeyData::Rsa(rsa) => {
-            let n = rsa.n.as_positive_bytes().unwrap_or_default();
+/// The same line for a key azprov did not make, from its `.pub` line (`TYPE BASE64 [COMMENT]`):
+/// the SHA-256 of the key's blob, its size and type read from the blob as OpenSSH does. Read
+/// here, not with ssh-key's decoder, which would cost the binary 20 KB for this one line.
+pub(crate) fn public_fingerprint_line(pub_line: &str) -> Option<String> {
+    use base64::Engine;
+    use ssh_key::sha2::Digest;
+    let mut words = pub_line.split_whitespace();
+    let kind = words.next()?;
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(words.next()?)
+        .ok()?;
+    let comment = words.collect::<Vec<_>>().join(" ");
+    let comment = if comment.is_empty() {
+        "no comment".to_string()
+    } else {
+        comment
+    };
+    // the blob: string(type), then the key's own fields (RSA: mpint e, mpint n)
+    let mut fields = SshFields(&blob);
+    if fields.next()? != kind.as_bytes() {
+        return None;
+    }
+    let (bits, label) = match kind {
+        "ssh-rsa" => {
+            let _e = fields.next()?;
+            let n = fields.next()?;
+            let n: Vec<u8> = n.iter().copied().skip_while(|b| *b == 0).collect();
             let lead = n.first().map_or(8, |b| b.leading_zeros() as usize);
             ((n.len() * 8).saturating_sub(lead), "RSA")
         }
-        KeyData::Ecdsa(e) => {
-            let bits = match e.curve() {
-                ssh_key::EcdsaCurve::NistP256 => 256,
-                ssh_key::EcdsaCurve::NistP384 => 384,
-                ssh_key::EcdsaCurve::NistP521 => 521,
-            };
-            (bits, "ECDSA")
-        }
-        KeyData::Ed25519(_) => (256, "ED25519"),
-        _ => (0, "?"),
+        "ecdsa-sha2-nistp256" => (256, "ECDSA"),
+        "ecdsa-sha2-nistp384" => (384, "ECDSA"),
+        "ecdsa-sha2-nistp521" => (521, "ECDSA"),
+        "ssh-ed25519" => (256, "ED25519"),
+        _ => return None,
     };
-    let comment = match key.comment() {
-        "" => "no comment",
-        c => c,
-    };
-    format!(
-        "{bits} {} {comment} ({label})",
-        key.fingerprint(HashAlg::Sha256)
-    )
+    let digest = ssh_key::sha2::Sha256::digest(&blob);
+    let fp = base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest);
+    Some(format!("{bits} SHA256:{fp} {comment} ({label})"))
+}
+
+/// The length-prefixed fields of an SSH wire blob, one at a time.
+struct SshFields<'a>(&'a [u8]);
+
+impl<'a> SshFields<'a> {
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let len = u32::from_be_bytes(self.0.get(..4)?.try_into().ok()?) as usize;
+        let field = self.0.get(4..4usize.checked_add(len)?)?;
+        self.0 = self.0.get(4 + len..)?;
+        Some(field)
+    }
 }
 
 /// The fingerprint block for the console (Azure's boot diagnostics) and the log file.

@@ -10,7 +10,6 @@
 use super::options::Options;
 use super::sysroot::Sysroot;
 use super::{Failure, Reason};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,8 +26,6 @@ const UNIT_DIRS: [&str; 3] = [
 ];
 /// How long GPA is given to get its key, as cloud-init gives it (`--wait 120`).
 pub const STATUS_WAIT: Duration = Duration::from_secs(120);
-/// GPA's answer beyond the wait (it polls its own service), before azprov stops asking.
-const STATUS_GRACE: Duration = Duration::from_secs(10);
 /// The most of GPA's output that goes into the cause (the description has 512 characters).
 const MESSAGE_MAX: usize = 160;
 
@@ -134,8 +131,9 @@ fn enable_for_this_boot(opts: &Options, unit: &str) -> std::io::Result<PathBuf> 
 }
 
 /// `azure-proxy-agent --status --wait N`: 0 once GPA finished provisioning (it holds the key),
-/// 1 when it has not after N s, 2 when it failed; anything else, or no answer, is a failure
-/// with GPA's exit code and message.
+/// 1 when it has not after N s, 2 when it failed; anything else is a failure with GPA's exit
+/// code and message. GPA bounds its own wait; a GPA that never answers is stopped by the
+/// unit's start timeout (azprov-msp.service, 480 s).
 pub fn wait_for_key(agent: &Path, wait: Duration) -> Result<(), Failure> {
     let t = Instant::now();
     log::info!(
@@ -143,7 +141,7 @@ pub fn wait_for_key(agent: &Path, wait: Duration) -> Result<(), Failure> {
         agent.display(),
         wait.as_secs()
     );
-    let failure = |code: String, message: String| {
+    let failure = |code: String, message: &str| {
         Failure::new(
             Reason::ProxyAgentStatus,
             format!(
@@ -151,49 +149,25 @@ pub fn wait_for_key(agent: &Path, wait: Duration) -> Result<(), Failure> {
                 if message.is_empty() {
                     "no message"
                 } else {
-                    &message
+                    message
                 }
             ),
         )
         .with("exit", code)
     };
-    let mut child = Command::new(agent)
+    let out = Command::new(agent)
         .args(["--status", "--wait", &wait.as_secs().to_string()])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .map_err(|e| {
             failure(
                 "none".into(),
-                format!("cannot run {}: {e}", agent.display()),
+                &format!("cannot run {}: {e}", agent.display()),
             )
         })?;
-    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.take(64 * 1024).read_to_string(&mut text);
-        }
-        if let Some(e) = err.as_mut() {
-            let _ = e.take(64 * 1024).read_to_string(&mut text);
-        }
-        text
-    });
-    let limit = wait + STATUS_GRACE;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if t.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let message = one_line(&reader.join().unwrap_or_default());
-    match status.and_then(|s| s.code()) {
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    match out.status.code() {
         Some(0) => {
             log::info!(
                 "msp: azure-proxy-agent holds its key ({} ms)",
@@ -201,12 +175,10 @@ pub fn wait_for_key(agent: &Path, wait: Duration) -> Result<(), Failure> {
             );
             Ok(())
         }
-        Some(code) => Err(failure(code.to_string(), message)),
+        Some(code) => Err(failure(code.to_string(), &one_line(&text))),
         None => Err(failure(
             "none".into(),
-            format!("no answer in {} s {message}", limit.as_secs())
-                .trim()
-                .to_string(),
+            format!("killed {}", one_line(&text)).trim(),
         )),
     }
 }

@@ -50,6 +50,9 @@ const WRITABLE_POLL: Duration = Duration::from_millis(250);
 /// between has read it, and a SIGHUP to it is harmless).
 const SSHD_LOOKS: [u64; 3] = [0, 2, 10];
 const KEY: &str = "ssh_host_rsa_key";
+/// How long a key the system made is given to get its .pub beside it: 20 looks, 100 ms apart.
+const PUB_LOOKS: u32 = 20;
+const PUB_PAUSE: Duration = Duration::from_millis(100);
 /// The search waits for the CPUs to be idle (`QUIET_IDLE` of their time, `QUIET_SPELLS`
 /// spells of `QUIET_SPELL` in a row: the booted system's start, and a first login that comes
 /// with it, are over), at most `QUIET_LIMIT`. Under QEMU's TCG with one vCPU, an RSA search
@@ -443,12 +446,20 @@ fn present_line(ssh: &File) -> Result<String, String> {
             .map_err(|e| format!("read {name}: {e}"))?;
         Ok(text)
     };
-    let public = match ssh_key::PrivateKey::from_openssh(read(KEY)?.trim()) {
-        Ok(private) => private.public_key().clone(),
-        Err(_) => ssh_key::PublicKey::from_openssh(read(&format!("{KEY}.pub"))?.trim())
-            .map_err(|e| format!("{KEY}.pub: {e}"))?,
-    };
-    Ok(super::public_fingerprint_line(&public))
+    // the public half the generator writes beside it, a moment after the private one (reading
+    // the private key would take an OpenSSH private-key decoder, 20 KB of the binary, for one
+    // informational line)
+    let pub_name = format!("{KEY}.pub");
+    let mut text = read(&pub_name);
+    for _ in 0..PUB_LOOKS {
+        if text.is_ok() {
+            break;
+        }
+        std::thread::sleep(PUB_PAUSE);
+        text = read(&pub_name);
+    }
+    super::public_fingerprint_line(text?.trim())
+        .ok_or_else(|| format!("{pub_name}: not an OpenSSH public key of a type it knows"))
 }
 
 /// state.json with `line` among its host keys (once).
@@ -696,6 +707,13 @@ mod tests {
         theirs.set_comment("root@image");
         let theirs_text = theirs.to_openssh(LineEnding::LF).unwrap().to_string();
         std::fs::write(ssh.join(KEY), &theirs_text).unwrap();
+        // its .pub a moment later, as ssh-keygen writes it
+        let pub_text = format!("{}\n", theirs.public_key().to_openssh().unwrap());
+        let pub_path = ssh.join(format!("{KEY}.pub"));
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            std::fs::write(pub_path, pub_text).unwrap();
+        });
         let their_line = fingerprint_line(KeyType::Rsa, &theirs, "root@image");
         let job = Job {
             comment: "root@vm".into(),
@@ -704,6 +722,7 @@ mod tests {
         let (ssh_fd, state_fd) = (File::open(&ssh).unwrap(), File::open(&state).unwrap());
         let ours = rsa_now().unwrap();
         let line = publish(&job, ours, Duration::ZERO, &ssh_fd, None, Some(&state_fd)).unwrap();
+        writer.join().unwrap();
         assert_eq!(line, their_line, "the key that is there is the one said");
         assert_eq!(
             std::fs::read_to_string(ssh.join(KEY)).unwrap(),
@@ -711,9 +730,14 @@ mod tests {
             "the key sshd offers did not change"
         );
         assert_eq!(
+            std::fs::read_to_string(ssh.join(format!("{KEY}.pub"))).unwrap(),
+            format!("{}\n", theirs.public_key().to_openssh().unwrap()),
+            "no .pub of ours beside their key"
+        );
+        assert_eq!(
             crate::sys::sorted_names(&ssh),
-            [KEY],
-            "no .pub of ours beside their key, no temporary"
+            [KEY.to_string(), format!("{KEY}.pub")],
+            "no temporary"
         );
         let after: State =
             serde_json::from_slice(&std::fs::read(state.join("state.json")).unwrap()).unwrap();

@@ -176,3 +176,37 @@ fn an_etc_ssh_that_is_an_absolute_symlink_is_followed_inside_the_root() {
     assert!(!Path::new(&target).exists(), "nothing outside the root");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The fingerprint line of a key azprov did not make, read from its .pub line without
+/// ssh-key's decoder: what ssh-key (and ssh-keygen -l) says of each type.
+#[test]
+fn a_pub_lines_fingerprint_is_ssh_keys() {
+    for kind in [KeyType::Ed25519, KeyType::Ecdsa] {
+        let g = generate(Path::new("/nonexistent-sys"), &[kind]).unwrap();
+        let (_, key) = &g.keys[0];
+        let public = key.public_key().to_openssh().unwrap();
+        let want = fingerprint_line(kind, key, "root@image");
+        assert_eq!(
+            public_fingerprint_line(&format!("{public} root@image")).as_deref(),
+            Some(want.as_str())
+        );
+    }
+    let rsa = rsa_now().unwrap();
+    let line = rsa.public_key().to_openssh().unwrap();
+    assert_eq!(
+        public_fingerprint_line(&format!("{line} root@image")),
+        Some(fingerprint_line(KeyType::Rsa, &rsa, "root@image"))
+    );
+    assert!(public_fingerprint_line(&line)
+        .unwrap()
+        .contains(" no comment (RSA)"));
+    for bad in [
+        "",
+        "ssh-rsa",
+        "ssh-rsa AAAA",
+        "ssh-ed25519 !!!",
+        "ssh-dss AAAAB3NzaC1kc3MAAAA=",
+    ] {
+        assert_eq!(public_fingerprint_line(bad), None, "{bad}");
+    }
+}
