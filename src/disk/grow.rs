@@ -13,7 +13,7 @@
 //! header sector is written whole by storage, so the array is swapped under it (staged):
 //! the protective MBR's size (nobody reads it but as a marker); the new backup array and header
 //! at the new end (unused while the primary is sound); the new array into the free sectors
-//! between the primary array and the first usable LBA (found zeroed, referenced by nothing);
+//! between the primary array and the first partition (found zeroed, referenced by nothing);
 //! the primary header pointing at that copy (the commit point: the new table); the new array
 //! in its usual place (unreferenced now); the header pointing back at it; the copy zeroed
 //! again. Every state a cut leaves, and every multi-sector write torn in its middle, is a sound
@@ -299,7 +299,6 @@ fn gpt(
         .unwrap_or(first);
     let stage = staging_area(
         read_at,
-        &hdr,
         &entries,
         entries_lba + entry_sectors,
         lowest,
@@ -313,6 +312,13 @@ fn gpt(
         Some(scratch) => {
             let mut staged = hdr.clone();
             put64(&mut staged, 72, scratch);
+            // a table whose first usable LBA follows its array at once (sgdisk's 34): the
+            // staged header moves it behind the staged copy (before every partition), the
+            // final one puts it back
+            let stage_end = scratch + entry_sectors;
+            if le64(&staged, 40).is_some_and(|f| f < stage_end) {
+                put64(&mut staged, 40, stage_end);
+            }
             seal(&mut staged, hdr_size);
             let len = entries.len();
             writes.extend([
@@ -337,12 +343,11 @@ fn gpt(
 }
 
 /// The LBA where a copy of the new entry array can stand while the primary header is swapped
-/// onto it: right after the primary array, wholly before the first usable LBA (in `hdr`) and
-/// before the partition, and reading as zeros now (no boot loader keeps data there). None
-/// where there is no such room.
+/// onto it: right after the primary array, wholly before every partition (the usual 1 MiB
+/// alignment leaves the sectors up to 2048 free), and reading as zeros now (no boot loader
+/// keeps data there). None where there is no such room.
 fn staging_area(
     read_at: ReadAt,
-    hdr: &[u8],
     entries: &[u8],
     after_array: u64,
     lowest_partition: u64,
@@ -350,7 +355,7 @@ fn staging_area(
 ) -> Option<u64> {
     let sectors = (entries.len() as u64).div_ceil(sector);
     let end = after_array.checked_add(sectors)?;
-    if end > le64(hdr, 40)? || end > lowest_partition {
+    if end > lowest_partition {
         return None;
     }
     let now = read_at(after_array.checked_mul(sector)?, entries.len())?;
@@ -607,7 +612,16 @@ pub(crate) mod tests {
         // primary table (all the kernel reads without `gpt` on its command line, and what a
         // hook-mode framework looks for the root in, before azprov runs) is sound as it is,
         // the old one or the new one; sfdisk agrees, and the next run plans what is left
-        let layout = "label: gpt\nstart=2048,size=8M\nsize=8M\n";
+        // sfdisk's first usable LBA (2048), and sgdisk's (34, right after the array)
+        for layout in [
+            "label: gpt\nstart=2048,size=8M\nsize=8M\n",
+            "label: gpt\nfirst-lba: 34\nstart=2048,size=8M\nsize=8M\n",
+        ] {
+            every_cut_leaves_a_sound_primary(layout);
+        }
+    }
+
+    fn every_cut_leaves_a_sound_primary(layout: &str) {
         let (_, _, plan) = cut_disk(layout);
         let n = plan.writes.len();
         assert_eq!(
@@ -654,11 +668,15 @@ pub(crate) mod tests {
         }
         // from the header's first swap on, the table is the new one
         assert!(new >= 4, "{new}");
-        // the stage is zeroed again at the end: a later grow finds it free
+        // the stage is zeroed again at the end (a later grow finds it free), and the header
+        // has its own first usable LBA back
         let (p, f, plan) = cut_disk(layout);
+        let first_usable = |f: &std::fs::File| le64(&reader(f)(512, 512).unwrap(), 40);
+        let before = first_usable(&f);
         write_to(&f, &plan.writes, None);
         let mut read = reader(&f);
         assert!(read(34 * 512, 32 * 512).unwrap().iter().all(|b| *b == 0));
+        assert_eq!(first_usable(&f), before);
         let _ = std::fs::remove_file(&p);
     }
 
