@@ -154,9 +154,12 @@ pub fn main() -> ! {
     // The modules load on threads of their own while the root is looked for: the root's disk
     // driver is seldom the last one in.
     let modules = Modules::start(&cfg);
+    if cfg.inplace {
+        in_place(&cfg, opts, keygen, modules, &devkmsg, t0);
+    }
     let root = mount_root(&cfg, &modules).unwrap_or_else(|e| no_root(&opts, &modules, &e, &cfg));
     // Check the handover target before provisioning writes anything into the root.
-    let init = find_init(&cfg).unwrap_or_else(|e| no_root(&opts, &modules, &e, &cfg));
+    let init = find_init(&cfg, SYSROOT).unwrap_or_else(|e| no_root(&opts, &modules, &e, &cfg));
     // Provisioning starts while the last drivers load: the media stage reads a CD drive that is
     // there already (else it waits for them), the network waits for them (the NIC's driver),
     // and iso9660 loads on demand.
@@ -177,6 +180,79 @@ pub fn main() -> ! {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let error = switch_root(Path::new(SYSROOT), &init, &args);
     fail_forever(&BootError::SwitchRoot { init, error }, cfg.onfail)
+}
+
+/// `azprov.inplace`: the initramfs is the OS (linuxkit and the systems built like it). No root
+/// is looked for and none switched to: the initramfs itself is provisioned (its RAM root, the
+/// /run/config layout its services read, the hostname set), Ready reported, and the init that
+/// `init=` names (default /sbin/init) is exec'd in place, as PID 1. Every boot starts from a
+/// fresh RAM root, so every boot is a first boot (docs/contracts.md, "Stateless images").
+fn in_place(
+    cfg: &Config,
+    opts: Options,
+    keygen: Option<Keygen>,
+    modules: Modules,
+    devkmsg: &str,
+    t0: Instant,
+) -> ! {
+    log::info!("azprov.inplace: the initramfs is the OS; provisioning it in place");
+    drop(keygen);
+    let init = find_init(cfg, "/").unwrap_or_else(|e| fail_forever(&e, cfg.onfail));
+    // /run/config and /run/azprov go into the RAM root's own /run, which the OS's init carries
+    // along (linuxkit's, like most, copies the initramfs into a tmpfs and switches to it)
+    run_in_ram_root(&Linux);
+    let loader = modules.loader;
+    let opts = Options {
+        root: PathBuf::from("/"),
+        in_place: true,
+        growroot: false,
+        // the system's sshd makes its own keys in its RAM root, as linuxkit's does
+        host_keys: false,
+        run_config: Some(PathBuf::from(crate::provision::run_config::DEFAULT)),
+        modules: loader.clone(),
+        ..opts
+    };
+    provision_root(&opts, None);
+    process::reap();
+    log::info!(
+        "handing over to {init} in place after {} ms",
+        t0.elapsed().as_millis()
+    );
+    loader.restore_scsi_scan();
+    let _ = fs::write(DEVKMSG, devkmsg);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let error = exec_in_place(&Linux, &init, &args);
+    fail_forever(
+        &BootError::SwitchRoot {
+            init,
+            error: SwitchRootError {
+                step: "exec",
+                path: PathBuf::from("/"),
+                errno: error,
+            },
+        },
+        cfg.onfail,
+    )
+}
+
+/// The tmpfs the early mounts put on /run, detached: what is written under /run from here on
+/// lands in the RAM root itself.
+fn run_in_ram_root(k: &impl Kernel) {
+    if let Err(e) = k.umount(Path::new("/run"), crate::sys::mount::MntFlags::MNT_DETACH) {
+        log::warn!("azprov.inplace: cannot detach the tmpfs on /run: {e}");
+    }
+}
+
+/// The init in place, as PID 1, with the early filesystems detached first: it starts from what
+/// the kernel gave PID 1, as if azprov had not run (its own init mounts them, often with
+/// `set -e`). Returns only when the exec failed.
+fn exec_in_place(k: &impl Kernel, init: &str, args: &[String]) -> Errno {
+    for m in EARLY_MOUNTS.iter().rev().filter(|m| m.target != "/run") {
+        if let Err(e) = k.umount(Path::new(m.target), crate::sys::mount::MntFlags::MNT_DETACH) {
+            log::warn!("azprov.inplace: cannot detach {}: {e}", m.target);
+        }
+    }
+    k.exec(init, args)
 }
 
 /// No root to boot: on Azure, unless provisioning is disabled, the failure is served over KVP
@@ -430,8 +506,8 @@ fn mount_first<'t>(
 }
 
 /// The init to exec, checked in the new root before anything is destroyed.
-fn find_init(cfg: &Config) -> Result<String, BootError> {
-    let root = Sysroot::new(SYSROOT);
+fn find_init(cfg: &Config, root: &str) -> Result<String, BootError> {
+    let root = Sysroot::new(root);
     let executable = |p: &str| {
         root.resolve_full(p)
             .ok()

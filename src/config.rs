@@ -130,6 +130,9 @@ pub struct Config {
     pub module_params: Vec<(String, String)>,
     /// `azprov.resourcedisk=`, `azprov.resourcemount=`, `azprov.resourcefs=`.
     pub resource: ResourceDisk,
+    /// `azprov.inplace`: PID 1 provisions the initramfs itself, which is the OS (linuxkit and
+    /// the systems built like it), and execs its init in place.
+    pub inplace: bool,
 }
 
 /// Which disk azprov formats (when Azure hands it over pristine) and mounts on every boot.
@@ -235,6 +238,7 @@ impl Default for Config {
             modules: Vec::new(),
             module_params: Vec::new(),
             resource: ResourceDisk::default(),
+            inplace: false,
         }
     }
 }
@@ -295,6 +299,10 @@ impl Config {
             if let Some(done) = self.resource.apply(key, value) {
                 return done;
             }
+            if let Some(field) = self.switch(key) {
+                *field = flag(key, value)?;
+                return Ok(());
+            }
             let need = |v: Option<&str>| {
                 v.map(str::to_string)
                     .ok_or_else(|| ConfigError::NeedsValue(key.to_string()))
@@ -333,11 +341,8 @@ impl Config {
                     }
                     self.imds = v;
                 }
-                "azprov.force" => self.force = flag(key, value)?,
-                "azprov.disable" => self.disable = flag(key, value)?,
                 // dracut's and the other frameworks' convention: `rd.azprov=0`, `azprov=0`
                 "azprov" | "rd.azprov" => self.disable = !flag(key, value)?,
-                "azprov.keepnet" => self.keepnet = flag(key, value)?,
                 "azprov.hostkeys" => {
                     self.host_keys = match need(value)?.as_str() {
                         "regenerate" => true,
@@ -345,7 +350,6 @@ impl Config {
                         v => return Err(bad(key, v, "keep or regenerate")),
                     }
                 }
-                "azprov.growroot" => self.growroot = flag(key, value)?,
                 "azprov.hostkeytypes" => {
                     let v = need(value)?;
                     let types: Vec<String> = v
@@ -388,6 +392,20 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The field an `azprov.*` switch sets (`azprov.force`, `azprov.force=0`, ...).
+    fn switch(&mut self, key: &str) -> Option<&mut bool> {
+        Some(match key {
+            "azprov.force" => &mut self.force,
+            "azprov.disable" => &mut self.disable,
+            "azprov.keepnet" => &mut self.keepnet,
+            "azprov.growroot" => &mut self.growroot,
+            "azprov.inplace" => &mut self.inplace,
+            _ => return None,
+        })
     }
 }
 

@@ -1390,3 +1390,46 @@ fn a_new_vm_whose_run_fails_never_keeps_the_earlier_vms_data() {
     let o = net.azprov(&["run-scripts", "--root", &r]);
     assert!(stderr(&o).contains("no script runs"), "{}", stderr(&o));
 }
+
+/// `--run-config`: linuxkit's /run/config layout beside the root, from IMDS's user data, with a
+/// hostile JSON document: what is well-formed is expanded with its modes, nothing lands outside
+/// the layout, the run is Ready, and no log line quotes the document.
+#[test]
+#[cfg_attr(
+    azprov_unprivileged,
+    ignore = "needs root (runs as root and under CI=true)"
+)]
+fn run_config_layout_with_hostile_json_user_data() {
+    use base64::Engine;
+    require_privileges();
+    let json = r#"{"ok": {"perm": "0600", "content": "SECRET-CONTENT"},
+                   "dir": {"entries": {"f": {"content": "in a dir"}}},
+                   "../escape": {"content": "x"}, "a/b": {"content": "x"}, "..": {"entries": {}},
+                   "bad": {"perm": "9", "content": "x"}, "weird": [1, 2]}"#;
+    let mut d = doc("vm-lk", "azureuser");
+    d["compute"]["userData"] = json!(base64::engine::general_purpose::STANDARD.encode(json));
+    let (net, root) = setup(d, json!([]), &[]);
+    let rc = net.path("run/config");
+    let (o, v) = provision(&net, &root, &["--run-config", rc.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["report"], "ready");
+    assert_eq!(text(rc.join("hostname")), "vm-lk");
+    assert_eq!(text(rc.join("provider")), "azure");
+    let keys = text(rc.join("ssh/authorized_keys"));
+    assert!(keys.contains(KEY_A) && keys.contains("bob@desk"), "{keys}");
+    assert_eq!(mode_owner(rc.join("ssh/authorized_keys")).0, 0o600);
+    assert_eq!(fs::read(rc.join("userdata")).unwrap(), json.as_bytes());
+    assert_eq!(text(rc.join("ok")), "SECRET-CONTENT");
+    assert_eq!(mode_owner(rc.join("ok")).0, 0o600);
+    assert_eq!(text(rc.join("dir/f")), "in a dir");
+    assert!(!net.path("run/escape").exists() && !rc.join("a").exists() && !rc.join("bad").exists());
+    let err = stderr(&o);
+    assert!(
+        err.contains("3 entries of JSON user data expanded, 5 refused"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("SECRET-CONTENT") && !err.contains("escape"),
+        "{err}"
+    );
+}

@@ -79,3 +79,24 @@ fn ro_remounts_the_root_read_only_with_no_type() {
     remount_read_only(&k, Path::new("/dev/vda1"));
     assert_eq!(k.calls(), ["mount /dev/vda1 /sysroot  0x21 -"]);
 }
+
+/// azprov.inplace: /run is detached first (its files land in the RAM root the OS's init
+/// carries along); at the handover /sys, /proc and /dev are detached too, then the init is
+/// exec'd in place: no chroot, no switch_root.
+#[test]
+fn in_place_detaches_the_early_mounts_and_execs_the_init_as_it_is() {
+    let k = Recorder::default();
+    run_in_ram_root(&k);
+    let e = exec_in_place(&k, "/init.os", &["quiet".to_string()]);
+    assert_eq!(e, Errno::ENOEXEC);
+    assert_eq!(
+        k.calls(),
+        [
+            "umount /run 0x2",
+            "umount /sys 0x2",
+            "umount /proc 0x2",
+            "umount /dev 0x2",
+            "exec /init.os quiet",
+        ]
+    );
+}

@@ -98,6 +98,11 @@ pub const COMMANDS: &[Command] = &[
                 "DIR",
                 "where this boot's record goes (default /run/azprov)",
             ),
+            v(
+                "run-config",
+                "PATH",
+                "also write linuxkit's /run/config layout at PATH (hostname, keys, user data and its JSON files)",
+            ),
             s(
                 "after-proxy-agent",
                 "azprov-msp.service: an MSP VM's run after azure-proxy-agent holds its key (the system's network; no growroot, no host keys)",

@@ -46,6 +46,7 @@ pub(super) fn cmd_provision(args: &[String]) -> Result<(), CliError> {
             .unwrap_or(crate::azure::vmid::DMI_DIR)
             .into(),
         record_dir: Some(crate::provision::record::dir(a.value("run-dir")?)),
+        run_config: a.value("run-config")?.map(Into::into),
         ..base
     };
     // the booted system's azprov-msp.service: its network is up, the initramfs grew the root

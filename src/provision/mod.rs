@@ -17,6 +17,7 @@ pub mod record;
 pub mod report;
 pub mod resource_disk;
 pub mod run;
+pub mod run_config;
 pub mod scripts;
 pub mod selinux;
 pub mod sources;

@@ -59,6 +59,12 @@ pub struct Options {
     /// `--after-proxy-agent`: the booted system's `azprov-msp.service`, which finishes an MSP
     /// VM's provisioning once the Guest Proxy Agent holds its key ([`super::msp`]).
     pub after_proxy_agent: bool,
+    /// `azprov.inplace`: PID 1 provisions the initramfs it runs in (the OS itself) and execs
+    /// its init in place; the running system's hostname is set.
+    pub in_place: bool,
+    /// Where linuxkit's `/run/config` layout is written (`--run-config`; `/run/config` in
+    /// place), or nowhere.
+    pub run_config: Option<PathBuf>,
 }
 
 /// How long to wait for a CD-ROM drive once its driver is loaded (SCSI and ATA scans finish
@@ -108,6 +114,8 @@ impl Options {
             record_dir: Some(super::record::RUN_DIR.into()),
             kvp_device: crate::azure::kvp::responder::DEVICE.into(),
             after_proxy_agent: false,
+            in_place: false,
+            run_config: None,
         }
     }
 }

@@ -437,10 +437,24 @@ impl<'a> Run<'a> {
         let written = Stage::start("write").run(&mut self.s.timings_ms.write, write, |_| {
             format!("{root_path} provisioned")
         });
+        if let Some(rc) = &self.opts.run_config {
+            match super::run_config::write(rc, &data) {
+                Ok(w) => log::info!(
+                    "run-config: {}: {} key(s), {}; {} entries of JSON user data expanded, {} refused",
+                    rc.display(),
+                    w.keys,
+                    if w.userdata { "user data" } else { "no user data" },
+                    w.expanded,
+                    w.refused
+                ),
+                Err(e) => log::error!("run-config: cannot write {}: {e}", rc.display()),
+            }
+        }
         self.provisioned_at = written.is_ok().then(crate::time::now_rfc3339);
         // the booted system's unit: its hostname was set from the image's before this run
         // (only the running system's own root: never a directory a test provisions)
-        let running = self.opts.after_proxy_agent && self.opts.root == Path::new("/");
+        let running =
+            (self.opts.after_proxy_agent || self.opts.in_place) && self.opts.root == Path::new("/");
         if let (true, Ok(_), Some(name)) = (running, &written, &self.s.hostname) {
             match crate::sys::set_hostname(name) {
                 Ok(()) => log::info!("hostname: {name} set in the running system"),

@@ -71,6 +71,17 @@ pub fn rename_noreplace(dir: &File, from: &str, to: &str) -> Result<bool, Errno>
     }
 }
 
+/// mkdirat(2): the directory `name` in `dir` with `mode` (before the umask); an existing one
+/// is EEXIST.
+pub fn mkdir(dir: &File, name: &str, mode: u32) -> Result<(), Errno> {
+    nix::sys::stat::mkdirat(dir, name, Mode::from_bits_truncate(mode))
+}
+
+/// The directory `name` in `dir`, opened without following a symlink.
+pub fn open_dir(dir: &File, name: &str) -> Result<File, Errno> {
+    open(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)
+}
+
 /// unlinkat(2) of a file in `dir`.
 pub fn remove(dir: &File, name: &str) -> Result<(), Errno> {
     nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
