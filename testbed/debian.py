@@ -8,6 +8,7 @@ each as a root filesystem or as a whole disk an image builder would upload. `Ima
 each image once, when the first scenario that needs it starts, and removes it after the last.
 """
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -267,6 +268,18 @@ def rpm_in_root(tree, args):
        f"{binds} && exec rpm --root {tree} {args}", stdout=subprocess.DEVNULL)
 
 
+def directories(tree):
+    """Every directory under `tree` (relative), /var/lib/rpm's database and /proc aside."""
+    out = set()
+    for top, dirs, _ in os.walk(tree):
+        rel = os.path.relpath(top, tree)
+        if rel.startswith(("var/lib/rpm", "proc", "sys", "dev")):
+            dirs[:] = []
+            continue
+        out.add(rel)
+    return out
+
+
 def build_rpm_image(work, tar, rpm):
     """The Debian root with azprov installed from the RHEL-family RPM instead of the .deb: the
     RPM's files and its %post (the unit enabled, `dracut --regenerate-all --force`) are all
@@ -278,6 +291,7 @@ def build_rpm_image(work, tar, rpm):
     stock = open(initrd, "rb").read()
     in_root(tree, "systemctl enable -q systemd-networkd")
     rpm_in_root(tree, "--initdb")
+    dirs_before = directories(tree)
     # the package file is read from the host; its scriptlets run chrooted in the tree
     rpm_in_root(tree, f"-i --nodeps {rpm}")
     wants = os.path.join(tree, "etc/systemd/system/multi-user.target.wants/azprov-scripts.service")
@@ -299,6 +313,12 @@ def build_rpm_image(work, tar, rpm):
     with_, without = (open(os.path.join(tree, "tmp", f)).read() for f in ("with.txt", "without.txt"))
     if "usr/sbin/azprov" not in with_ or "azprov" in without or os.path.lexists(wants):
         raise RuntimeError("distro: rpm -e left azprov in the initramfs or its unit enabled")
+    # every directory the package made goes with it, but for those the RHEL family's own
+    # packages own there and this Debian root lacks: /usr/share/licenses (filesystem's),
+    # /usr/lib/dracut/dracut.conf.d (dracut's; Debian's dracut-core reads /etc's only)
+    left = sorted(directories(tree) - dirs_before - {"usr/share/licenses", "usr/lib/dracut/dracut.conf.d", "tmp"})
+    if left:
+        raise RuntimeError(f"distro: rpm -e left the directories it made: {left}")
     log(f"distro: RPM installed with its scriptlets (unit enabled, dracut --regenerate-all) in {prep:.0f}s; "
         f"rpm -e disabled the unit and rebuilt the initramfs without azprov ({time.time() - t:.0f}s)")
     shutil.rmtree(tree)
@@ -306,23 +326,8 @@ def build_rpm_image(work, tar, rpm):
 
 
 # mkinitcpio (Arch's) is not packaged for Debian: its upstream v39 source and four ports to a
-# Debian root (../shared/vendor/mkinitcpio/README.md) stay outside this repository (GPL-2.0-only)
-def mkinitcpio_vendor():
-    """$AZPROV_MKINITCPIO_VENDOR, else ../shared/vendor/mkinitcpio beside this checkout, or
-    beside the local checkout it was cloned from (a clean clone made elsewhere)."""
-    if os.environ.get("AZPROV_MKINITCPIO_VENDOR"):
-        return os.environ["AZPROV_MKINITCPIO_VENDOR"]
-    tops = [TOP]
-    origin = subprocess.run(["git", "-C", TOP, "remote", "get-url", "origin"], capture_output=True, text=True,
-                            check=False).stdout.strip()
-    if origin.startswith("/") or origin.startswith("file://"):
-        # `git clone .` records the origin as /path/to/checkout/.
-        tops.append(os.path.normpath(origin.removeprefix("file://")).removesuffix("/.git"))
-    found = [os.path.join(os.path.dirname(t), "shared", "vendor", "mkinitcpio") for t in tops]
-    return next((d for d in found if os.path.isdir(d)), found[0])
-
-
-MKINITCPIO_VENDOR = mkinitcpio_vendor()
+# Debian root, vendored as a test fixture with its GPL-2.0 licence (tests/vendor/mkinitcpio)
+MKINITCPIO_VENDOR = os.path.join(TOP, "tests", "vendor", "mkinitcpio")
 # bsdtar makes mkinitcpio's archive; busybox-static is the busybox image's shell and tools
 MKINITCPIO_PACKAGES = PACKAGES + ["libarchive-tools", "busybox-static"]
 # the two styles of image an Arch user builds: busybox init with runtime hooks, systemd with units
@@ -386,6 +391,24 @@ def vfat_mountable():
         return any(l.split()[-1] == "vfat" for l in f if l.strip())
 
 
+def shipped_checks(raw, variant):
+    """What the image ships, read from its root partition: no kernel-install plugin of the
+    build's left (a kernel update must reach the ESP), and Hyper-V's KVP daemon enabled."""
+    parts = json.loads(subprocess.run(["sfdisk", "--json", raw], capture_output=True, text=True,
+                                      check=True).stdout)["partitiontable"]
+    root = next(p for p in parts["partitions"] if p.get("name") == "Root Partition" or p["type"].upper() in
+                ("4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"))
+    fs = f"{raw}?offset={root['start'] * parts.get('sectorsize', 512)}"
+    ls = lambda d: subprocess.run(["debugfs", "-R", f"ls {d}", fs], capture_output=True, text=True,
+                                  check=False).stdout
+    plugins = ls("/etc/kernel/install.d")
+    if ".install" in plugins:
+        raise RuntimeError(f"mkosi-{variant}: the build's kernel-install plugins are left in the image: {plugins.split()}")
+    # hyperv-daemons' udev rule starts hv-kvp-daemon.service when /dev/vmbus/hv_kvp appears
+    if "hv_kvp_daemon" not in ls("/usr/sbin") or "60-hyperv-daemons.rules" not in ls("/usr/lib/udev/rules.d"):
+        raise RuntimeError(f"mkosi-{variant}: no Hyper-V KVP daemon (hyperv-daemons) in the image")
+
+
 def build_mkosi_image(work, variant, deb):
     """examples/mkosi/VARIANT built by mkosi as its README tells a user (the .deb in
     mkosi.extra/var/cache/azprov/), then made what Azure's upload takes: a fixed VHD of a whole
@@ -428,6 +451,7 @@ def build_mkosi_image(work, variant, deb):
     for f in os.listdir(built):
         if not f.endswith(".cache-pre-inst"):
             os.remove(os.path.join(built, f))
+    shipped_checks(raw, variant)
     # mkosi's disk is its partitions and the GPT, 40 KiB over a whole MiB
     vhd = fixed_vhd(raw)
     os.remove(raw)
@@ -537,7 +561,8 @@ def builders(deb, rpm):
         raw = azprov_bootable(os.path.join(OUT, "bootable"), img, initrds)
         vhd = fixed_vhd(raw)
         log(f"distro: the image with GRUB for BIOS and UEFI (GPT), raw and fixed VHD, in {time.time() - t:.0f}s")
-        return {"raw": raw, "vhd": vhd}
+        kernel, initrds, _, _ = images.get("plain")
+        return {"raw": raw, "vhd": vhd, "kernel": kernel, "initrds": initrds}
 
     def agent(name, packages):
         def build(_):

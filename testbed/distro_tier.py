@@ -9,6 +9,7 @@ Every boot passes `root=UUID=... ro` as Debian's GRUB does. Two scenarios run at
 order where the first few need different images, so images build while others boot.
 """
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -20,19 +21,18 @@ import time
 from testbed.azure import Azure
 from testbed.check import Check, run_scenarios
 from testbed.debian import MKINITCPIO_VENDOR, OUT, SELINUX_APPEND, Images, builders
-from testbed.host import TOP, log, sh
-from testbed.images import imds_doc, ovf_env, root_files, write_cd
-from testbed.vm import BOOT_TIMEOUT, FINGERPRINTS_BEGIN, USER, VM, console_text
+from testbed.host import TOP, sh
+from testbed.images import ROOT_UUID, gpt_primary, imds_doc, ntfs_resource_disk, ovf_env, root_files, write_cd
+from testbed.vm import BOOT_TIMEOUT, FINGERPRINTS_BEGIN, USER, VM, boot_cut, console_text
 
 TRY_IMAGE = os.path.join(TOP, "scripts", "try-image")
 # custom data that is a script: azprov-scripts.service runs it once per VM. It first waits for
-# the boot to reach multi-user.target, as scripts that wait for the boot do: ordered before that
-# target, the unit would hold the boot up for the script's 120 s and the line would say so.
-CUSTOM_SCRIPT = ("#!/bin/sh\nlog=/var/tmp/azprov-customdata.log; i=0\n"
-                 "until systemctl -q is-active multi-user.target; do\n"
-                 "  i=$((i + 1)); [ $i -le 120 ] || { echo 'multi-user.target never came' >>$log; exit 1; }\n"
-                 "  sleep 1\ndone\n"
-                 "echo \"customdata ran as $(id -un)\" >>$log\n")
+# the boot to finish, as scripts that wait for the boot do (systemctl is-system-running --wait):
+# a unit whose start lasted as long as the script would hold up the boot the script waits for,
+# and the line would never be written.
+CUSTOM_SCRIPT = ("#!/bin/sh\nlog=/var/tmp/azprov-customdata.log\n"
+                 "state=$(systemctl is-system-running --wait)\n"
+                 "echo \"customdata ran as $(id -un) once the boot was $state\" >>$log\n")
 SCRIPT_CHECK = ("systemctl is-system-running --wait >/dev/null; cat /var/tmp/azprov-customdata.log; "
                 "sudo -n azprov status | grep '^script:'")
 
@@ -104,6 +104,16 @@ def hardened_checks(c, r, what):
     return {"avc_denials": int(avc)} if avc and avc.isdigit() else {}
 
 
+def sshd_reload_check(c, b, key):
+    """The RSA helper, after the handover, found the sshd that started before its key and
+    signalled it (through the /proc and /run handles it was given), and sshd reloaded."""
+    said = b.wait_console("reloaded to offer the rsa key", timeout=BOOT_TIMEOUT)
+    c(said is not None, "the helper did not say it reloaded sshd after the rsa key")
+    r = b.ssh(key, "sudo -n journalctl -u ssh -b -o cat --no-pager | grep -c 'Received SIGHUP'; true")
+    hups = (r.stdout.strip().splitlines() or ["0"])[0] if r else "0"
+    c(hups.isdigit() and int(hups) >= 1, f"sshd logged no reload after the rsa key ({hups} SIGHUP lines)")
+
+
 def rsa_fingerprint(b, azure):
     """The SHA256 fingerprint of the RSA host key the guest's sshd offers, or None."""
     keys = azure.keyscan(b.guest_addr(), "rsa", timeout=5)
@@ -128,15 +138,16 @@ def rsa_kept_check(c, b, azure):
       "the console's last fingerprint block does not give the RSA key sshd offers")
 
 
-def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
+def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None, resource=None):
     """The image provisioned on its first boot (and, with `second_boot`, left alone on the
-    next); `ran`: the console line that shows the initramfs ran azprov the way it should."""
+    next); `ran`: the console line that shows the initramfs ran azprov the way it should;
+    `resource`: a ResourceDisk attached, checked on each boot."""
     c = Check()
     host = f"deb-{flavour}" + ("-h" if hardened else "")
     figures = {}
-    extra = SELINUX_APPEND if hardened else ""
+    extra = " ".join(filter(None, [SELINUX_APPEND if hardened else "", resource.append if resource else ""]))
     check = LOGIN_CHECK + (HARDENED_CHECK if hardened else "")
-    disks = ctx.get("disks", ())
+    disks = list(ctx.get("disks", ())) + (resource.disks if resource else [])
     with provisioning(ctx, host) as (azure, cd):
         boot = lambda name: VM(azure, ctx["work"], name, ctx["kernel"], ctx["initrds"][flavour], ctx["img"], cd, extra,
                                disks=disks)
@@ -144,6 +155,8 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
             r, t_ssh = b.wait_ssh(ctx["key"], check)
             figures["ready"], figures["ssh"] = azure.ready_after(b.start), t_ssh
             login_checks(c, r, host, "first boot")
+            if resource:
+                resource.check(c, b, ctx["key"], "first boot")
             if hardened:
                 figures.update(hardened_checks(c, r, "first boot"))
                 rsa_kept_check(c, b, azure)
@@ -177,6 +190,7 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
                 last_block = b.out().replace("\r", "").split(FINGERPRINTS_BEGIN + "\n")[-1]
                 c(all(f"({t})" in last_block for t in ("RSA", "ECDSA", "ED25519")),
                   "the console's last fingerprint block does not list the rsa, ecdsa and ed25519 keys")
+                sshd_reload_check(c, b, ctx["key"])
                 s1 = b.ssh(ctx["key"], SCRIPT_CHECK, timeout=150)
                 c(s1 is not None and s1.stdout.count("customdata ran as root") == 1,
                   f"the custom data script did not run once as root: {s1.stdout if s1 else None!r}")
@@ -193,6 +207,8 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
                 login_checks(c, r2, host, "second boot")
                 if hardened:
                     hardened_checks(c, r2, "second boot")
+                if resource:
+                    resource.check(c, b2, ctx["key"], "second boot")
                 c(len(azure.requests()) == before, f"the fabric got {len(azure.requests()) - before} request(s) on the second boot")
                 c(r2 is not None and "already provisioned" in r2.stdout, "the second boot's journal lacks 'already provisioned'")
                 c(r2 is not None and ed25519 is not None and ed25519 in r2.stdout, "the host key changed on the second boot")
@@ -202,7 +218,116 @@ def provisioned_boot(ctx, flavour, second_boot, hardened=False, ran=None):
                       f"the custom data script ran again on the reboot: {s2.stdout if s2 else None!r}")
                 b2.stop(ctx["key"])
             out += b2.out()
+        if resource:
+            out += resource.handed_over_again(c, ctx["key"], boot)
         return c, figures, out
+
+
+class ResourceDisk:
+    """A resource disk beside the image and what each boot must find of it: "pristine" (NTFS
+    as Azure hands it over: formatted and mounted on /mnt, kept across a reboot, formatted again
+    once Azure hands it over blank again), "user-file" (NTFS with a user's file: never
+    touched), "raw-nvme" (a raw local NVMe disk: formatted and mounted) or "off"
+    (azprov.resourcedisk=off: never touched). Virtio and QEMU's NVMe are not Azure's disks, so
+    the disk is named on the command line as for a VM azprov does not recognise."""
+
+    def __init__(self, work, kind):
+        self.kind = kind
+        self.path = os.path.join(work, "resource.img")
+        if kind == "raw-nvme":
+            with open(self.path, "wb") as f:
+                f.truncate(64 << 20)
+            self.disks, self.dev, self.append = [("nvme", self.path)], "/dev/nvme0n1", "azprov.resourcedisk=nvme0n1"
+        else:
+            ntfs_resource_disk(self.path, extra_files=("results.csv",) if kind == "user-file" else ())
+            self.disks, self.dev = [self.path], "/dev/vdb1"
+            self.append = "azprov.resourcedisk=off" if kind == "off" else "azprov.resourcedisk=vdb"
+        self.sha = sha256_of(self.path)
+
+    CHECK = ("echo MNT=$(findmnt -n -o SOURCE,FSTYPE,LABEL --mountpoint /mnt); echo KEPT=$(ls /mnt/kept 2>/dev/null); "
+             "sudo -n journalctl -t azprov -b -o cat --no-pager | grep 'resource disk'; "
+             "sudo -n touch /mnt/kept")
+
+    def check(self, c, b, key, phase):
+        r = b.ssh(key, self.CHECK, timeout=30)
+        out = r.stdout if r else ""
+        mnt, kept = marked(out, "MNT"), marked(out, "KEPT")
+        if self.kind in ("pristine", "raw-nvme"):
+            c(mnt == f"{self.dev} ext4 AzureEphmDsk", f"{phase}: /mnt is {mnt!r}, not {self.dev}'s ext4 AzureEphmDsk")
+            again = phase == "second boot"
+            c(not again or kept == "/mnt/kept", f"{phase}: /mnt lost the file written on the boot before")
+            c(again or kept == "", f"{phase}: /mnt holds a file from before it was formatted")
+            said = "(formatted on an earlier boot)" if again else "formatted and mounted on /mnt"
+            c(said in out, f"{phase}: the journal lacks {said!r}: {out[-400:]!r}")
+            c(not again or "formatted (ext4" not in out, f"{phase}: the resource disk was formatted again")
+        else:
+            c(mnt == "", f"{phase}: /mnt has {mnt!r} mounted on it")
+            said = "left alone: its NTFS holds 1 file(s)" if self.kind == "user-file" else None
+            c(said is None or said in out, f"{phase}: the journal lacks {said!r}: {out[-400:]!r}")
+
+    def handed_over_again(self, c, key, boot):
+        """After the boots: an untouched disk is byte for byte what it was; a pristine one,
+        handed over blank again (Azure's redeploy), is formatted again on the next boot."""
+        if self.kind in ("user-file", "off"):
+            c(sha256_of(self.path) == self.sha, f"the {self.kind} resource disk was written to")
+            return ""
+        if self.kind != "pristine":
+            return ""
+        ntfs_resource_disk(self.path)
+        with boot("third") as b3:
+            r, _ = b3.wait_ssh(key, "true")
+            c(r is not None, "blank again: no SSH login")
+            self.check(c, b3, key, "blank again")
+            b3.stop(key)
+            return b3.out()
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hook_growroot_powercut(ctx):
+    """growroot in hook mode (initramfs-tools' init-bottom, the root mounted by the framework)
+    on the GPT image grown by 256 MiB, cut by a power cut at the first write of the primary
+    header (onto the staged array) and at the array in its place: initramfs-tools looks for the
+    root before azprov could mend a table, so after either cut the next boot must find it as it
+    is (the old table, the new one), reach SSH, and grow what is left."""
+    c, figures, out_all = Check(), {}, ""
+    image = ctx["image"]
+    for i, (what, sector, want) in enumerate([("the primary header, onto the staged array", 1, "old"),
+                                              ("the primary array, in its place", 2, "new")]):
+        disk = os.path.join(ctx["work"], f"cut{i}.img")
+        sh("cp", "--sparse=always", image["raw"], disk)
+        size = os.path.getsize(disk)
+        with open(disk, "r+b") as f:
+            f.truncate(size + (256 << 20))
+        old = gpt_primary(disk)
+        with provisioning(ctx, f"deb-cut{i}") as (azure, cd):
+            how, out = boot_cut(azure, ctx["work"], image["kernel"], image["initrds"]["initramfs-tools"], disk, cd,
+                                sector=sector, append=f"root=UUID={ROOT_UUID} ro console=ttyS0 panic=-1")
+            out_all += f"\n==== cut {i} at {what}: {how}\n{out}"
+            c(how == "write", f"cut {i} ({what}): the boot ended by {how}")
+            after = gpt_primary(disk)
+            seen = "unsound" if after is None else "old" if after == old else "new"
+            c(seen == want, f"cut {i} ({what}): the primary GPT is {seen} ({after}), not {want}")
+            with VM(azure, ctx["work"], f"after{i}", image["kernel"], image["initrds"]["initramfs-tools"], disk, cd) as b:
+                r, figures[f"ssh_after_cut{i}"] = b.wait_ssh(
+                    ctx["key"], "findmnt -n -b -o SIZE /; sudo -n journalctl -t azprov -b -o cat --no-pager | grep growroot")
+                out_all += f"\n==== boot after cut {i}\n{b.out()}"
+                c(r is not None, f"after cut {i} ({what}): no SSH login: the framework found no root")
+                lines = r.stdout.splitlines() if r else []
+                fs = int(lines[0]) if lines and lines[0].strip().isdigit() else 0
+                c(fs > size, f"after cut {i}: the root filesystem is {fs} bytes, not grown past {size}")
+                c(any("growroot:" in l for l in lines), f"after cut {i}: growroot said nothing: {lines}")
+                b.stop(ctx["key"])
+        dump = subprocess.run(["sfdisk", "--verify", disk], capture_output=True, text=True, check=False).stdout
+        c("No errors detected" in dump, f"after cut {i}: sfdisk --verify: {dump.strip()[-300:]}")
+        os.remove(disk)
+    return c, figures, out_all
 
 
 def agent_requests(azure):
@@ -383,7 +508,9 @@ def try_image(ctx, image, gen, host, agent_requests, azprov=False, custom=False)
 # In the order they run (two at a time): each of the first few needs an image none before it
 # needs, so images build while others boot.
 SCENARIOS = {
-    "initramfs-tools": lambda ctx: provisioned_boot(ctx, "initramfs-tools", second_boot=True),
+    # ... with Azure's resource disk: formatted, kept across the reboot, formatted again when blank again
+    "initramfs-tools": lambda ctx: provisioned_boot(ctx, "initramfs-tools", second_boot=True,
+                                                    resource=ResourceDisk(ctx["work"], "pristine")),
     # SELinux enforcing, /home and /var on filesystems of their own, sshd and sudo reading no drop-ins
     "hardened-initramfs-tools": lambda ctx: provisioned_boot(ctx, "initramfs-tools", second_boot=True, hardened=True),
     # azprov from the RHEL-family RPM (rpm -i --root into the Debian root): its %post built the
@@ -393,15 +520,19 @@ SCENARIOS = {
     # running azprov-initrd.service (the sd-azprov install hook); azprov names the root it
     # provisioned: mkinitcpio's /new_root, systemd's /sysroot
     "mkinitcpio": lambda ctx: provisioned_boot(ctx, "mkinitcpio", second_boot=True,
-                                               ran="(hook), root /new_root"),
+                                               ran="(hook), root /new_root",
+                                               resource=ResourceDisk(ctx["work"], "raw-nvme")),
     # examples/mkosi built by mkosi 14 as its README says, uploaded as a fixed VHD, tried as a
     # Gen2 VM (mkosi makes UEFI images) with a #! custom data script
     "mkosi-initramfs-tools": lambda ctx: try_image(ctx, ctx["image"], "2", "deb-mkosi-it",
                                                    ["api-version=2023-11-15", "comp=health"], azprov=True, custom=True),
-    "dracut": lambda ctx: provisioned_boot(ctx, "dracut", second_boot=False),
+    # a resource disk with a user's file on it is never formatted
+    "dracut": lambda ctx: provisioned_boot(ctx, "dracut", second_boot=False,
+                                           resource=ResourceDisk(ctx["work"], "user-file")),
     "hardened-dracut": lambda ctx: provisioned_boot(ctx, "dracut", second_boot=False, hardened=True),
     "mkinitcpio-systemd": lambda ctx: provisioned_boot(ctx, "mkinitcpio-systemd", second_boot=True,
-                                                       ran="(hook), root /sysroot"),
+                                                       ran="(hook), root /sysroot",
+                                                       resource=ResourceDisk(ctx["work"], "off")),
     "mkosi-dracut": lambda ctx: try_image(ctx, ctx["image"], "2", "deb-mkosi-dr",
                                           ["api-version=2023-11-15", "comp=health"], azprov=True, custom=True),
     # scripts/try-image on whole disk images booted through their own GRUB: this image as a
@@ -429,6 +560,8 @@ SCENARIOS = {
     "msp-key-refused": lambda ctx: msp_failed_boot(ctx, "azure-proxy-agent status failure", gpa=True),
     "msp-without-agent": lambda ctx: msp_failed_boot(ctx, "azure-proxy-agent not found", gpa=False),
     "agent-without-msp": gpa_without_msp_boot,
+    # growroot in hook mode cut by power cuts: the framework finds the root after each
+    "growroot-powercut-hook": hook_growroot_powercut,
 }
 
 
@@ -441,7 +574,7 @@ IMAGE_OF = {"hardened-initramfs-tools": "hardened", "hardened-dracut": "hardened
             "mkinitcpio": "mkinitcpio", "mkinitcpio-systemd": "mkinitcpio", "keyless-off-azure": "cleaned",
             "try-image-gen1": "bootable", "try-image-gen2": "bootable", "try-image-cloud-init": "cloud-init",
             "try-image-waagent": "waagent", "mkosi-initramfs-tools": "mkosi-initramfs-tools",
-            "mkosi-dracut": "mkosi-dracut", "msp": "gpa", "msp-key-refused": "gpa", "agent-without-msp": "gpa"}
+            "mkosi-dracut": "mkosi-dracut", "growroot-powercut-hook": "bootable", "msp": "gpa", "msp-key-refused": "gpa", "agent-without-msp": "gpa"}
 
 
 
@@ -452,16 +585,10 @@ def main():
     rest = sys.argv[2:]
     rpm = os.path.abspath(rest.pop(0)) if rest and rest[0].endswith(".rpm") else None
     names = rest or list(SCENARIOS)
-    if not rest and not os.path.isdir(MKINITCPIO_VENDOR) and os.environ.get("CI") != "true":
-        # off CI only: CI fails below instead, so the tier never passes without them
-        names = [n for n in names if not n.startswith("mkinitcpio")]
-        log(f"distro: SKIPPING the mkinitcpio scenarios: no mkinitcpio source at {MKINITCPIO_VENDOR} "
-            f"(set AZPROV_MKINITCPIO_VENDOR)")
     if "rpm-dracut" in names and rpm is None:
         sys.exit("qemu-tests/distro: the rpm-dracut scenario needs the x86_64 RPM (scripts/package makes it)")
     if any(n.startswith("mkinitcpio") for n in names) and not os.path.isdir(MKINITCPIO_VENDOR):
-        sys.exit(f"distro: no mkinitcpio source at {MKINITCPIO_VENDOR} (set AZPROV_MKINITCPIO_VENDOR, or name "
-                 f"the scenarios to run without the mkinitcpio ones)")
+        sys.exit(f"distro: no mkinitcpio source at {MKINITCPIO_VENDOR} (the checkout is incomplete)")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         sys.exit(f"unknown scenario(s): {' '.join(unknown)}; known: {' '.join(SCENARIOS)}")

@@ -298,6 +298,38 @@ def bootable_disk(work, root_img, kver, initrd, out, append):
     return out
 
 
+# What Azure puts on the SCSI resource disk's NTFS partition when it hands the disk over.
+AZURE_NTFS_FILES = ("DATALOSS_WARNING_README.txt",)
+AZURE_NTFS_DIRS = ("System Volume Information",)
+
+
+def ntfs_resource_disk(path, extra_files=(), size_mb=64):
+    """A disk as Azure hands its SCSI resource disk over: MBR, one NTFS partition (from 1 MiB)
+    labelled "Temporary Storage" holding its readme and System Volume Information, and
+    `extra_files` (a user's data) when given. Made with ntfs-3g's mkntfs and its FUSE mount."""
+    fs, mnt = path + ".fs", path + ".mnt"
+    with open(fs, "wb") as f:
+        f.truncate((size_mb - 1) << 20)
+    sh("mkntfs", "-q", "-F", "-f", "-L", "Temporary Storage", fs, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.makedirs(mnt, exist_ok=True)
+    sh("ntfs-3g", fs, mnt)
+    try:
+        for name in AZURE_NTFS_FILES + tuple(extra_files):
+            with open(os.path.join(mnt, name), "w") as f:
+                f.write("WARNING: THIS IS A TEMPORARY DISK.\r\n")
+        for name in AZURE_NTFS_DIRS:
+            os.mkdir(os.path.join(mnt, name))
+    finally:
+        sh("umount", mnt)
+        os.rmdir(mnt)
+    with open(path, "wb") as f:
+        f.truncate(size_mb << 20)
+    subprocess.run(["sfdisk", "--quiet", path], input="label: dos\nstart=2048, type=7\n", text=True, check=True)
+    sh("dd", f"if={fs}", f"of={path}", "bs=1M", "seek=1", "conv=notrunc", "status=none")
+    os.remove(fs)
+    return path
+
+
 def debugfs_cat(img, path):
     r = subprocess.run(["debugfs", "-R", f"cat {path}", img], capture_output=True, text=True, check=False)
     return r.stdout if r.returncode == 0 and "File not found" not in r.stderr else None

@@ -7,7 +7,10 @@ what it finds, and the simulated Azure (testbed/azure.py) reached over tap0.
 Two scenarios run at a time. Each prints pass/fail and the time from QEMU start to the fabric
 receiving Ready.
 """
+import base64
 import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -17,7 +20,7 @@ import time
 
 from testbed.azure import GUEST_MAC, Azure
 from testbed.check import Check, run_scenarios
-from testbed.host import OUT, build, log, mkinitramfs
+from testbed.host import FIXTURES, OUT, TOP, build, log, mkinitramfs, sh
 from testbed.images import (KEY, ROOT_UUID, debugfs_cat, ext4_clean, fetch_deb, gpt_primary, imds_doc, kernel,
                             make_cd, make_root, partitioned, sfdisk_dump)
 from testbed.vm import (AZURE_ASSET_TAG, DMI_UUID, FINGERPRINTS_BEGIN, FINGERPRINTS_END, boot, boot_cut,
@@ -203,12 +206,11 @@ def run_growroot_fs(ctx, fs):
 
 def run_growroot_powercut(ctx):
     """A power cut at each step of growroot's table rewrite (QEMU killed as the guest's write
-    reaches the disk, so that write and all after it are lost), one that tears the backup
-    array in its middle, and one after its last write, while the filesystem grows: after every
-    cut the primary table the kernel reads is the old one, or (a cut between the primary's
-    entry sector and its header) one that PID 1 puts back from the sound backup before it looks
-    for the root, or the new one; the next boot grows what is left, and the filesystem is
-    clean."""
+    reaches the disk, so that write and all after it are lost), ones that tear the backup
+    array and the staged array in their middle, and one after its last write, while the
+    filesystem grows: after every cut the primary table the kernel reads is the old one or the
+    new one, with nothing to put back (so a hook-mode framework finds the root too); the next
+    boot grows what is left, and the filesystem is clean."""
     c = Check()
     work = ctx["work"]
     out_all, took = "", 0
@@ -217,13 +219,16 @@ def run_growroot_powercut(ctx):
         sectors = 256 << 11
         # a cut at the first write touching each sector of the table, in growroot's order
         # (disk::grow): the protective MBR, the backup array (whole, and torn after 16 of its
-        # 32 sectors) and header at the new end, the primary's entry sector, its header, and
+        # 32 sectors) and header at the new end, the new array staged after the primary's
+        # (whole, and torn), the primary header swapped onto it, the array in its place, and
         # last a cut after the table, while the filesystem grows. What the kernel then reads:
-        # the old primary, none (until PID 1 puts it back), or the new one
+        # the old primary or the new one, never one to put back
         steps = [("the protective MBR", 0, False, "old"), ("the backup array", sectors - 33, False, "old"),
                  ("the backup array, torn in its middle", sectors - 33 + 16, True, "old"),
-                 ("the backup header", sectors - 1, False, "old"), ("the primary entry sector", 2, False, "old"),
-                 ("the primary header", 1, False, "unsound"), ("after the table", None, False, "new")]
+                 ("the backup header", sectors - 1, False, "old"), ("the staged array", 34, False, "old"),
+                 ("the staged array, torn in its middle", 34 + 16, True, "old"),
+                 ("the primary header, onto the staged array", 1, False, "old"),
+                 ("the primary array, in its place", 2, False, "new"), ("after the table", None, False, "new")]
         for i, (what, sector, torn, want) in enumerate(steps):
             disk = partitioned(work, make_root(work), "gpt", 256)
             old = gpt_primary(disk)
@@ -436,6 +441,79 @@ def run_arm64(ctx):
         return c, azure.ready_after(start), took, out
 
 
+LINUXKIT_FRONT = os.path.join(TOP, "examples", "linuxkit", "azprov-in-front")
+INPLACE_KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBsecondkeyoftheinplacetestvm00000000 second@inplace"
+
+
+def linuxkit_os(work):
+    """A small system whose initramfs is the OS, as linuxkit makes one: busybox, /etc's
+    account files, and qemu-tests/inplace-init as its /init (what examples/linuxkit moves
+    aside for azprov). A gzip'd newc cpio."""
+    tree = os.path.join(work, "os")
+    shutil.rmtree(tree, ignore_errors=True)
+    for d in ("bin", "etc", "proc", "sys", "run", "tmp", "root"):
+        os.makedirs(os.path.join(tree, d))
+    shutil.copy(shutil.which("busybox") or "/bin/busybox", os.path.join(tree, "bin", "busybox"))
+    os.symlink("busybox", os.path.join(tree, "bin", "sh"))
+    for f in ("passwd", "group", "shadow", "gshadow"):
+        shutil.copy(os.path.join(FIXTURES, "root", "etc", f), os.path.join(tree, "etc", f))
+    shutil.copy(os.path.join(TOP, "qemu-tests", "inplace-init"), os.path.join(tree, "init"))
+    os.chmod(os.path.join(tree, "init"), 0o755)
+    out = os.path.join(work, "os.cpio.gz")
+    sh("sh", "-c", f"cd {tree} && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -9n > {out}")
+    return out
+
+
+def run_inplace(ctx):
+    """azprov.inplace: azprov's initramfs put in front of a linuxkit-style OS by
+    examples/linuxkit/azprov-in-front, booted with no root=: azprov provisions the RAM root and
+    writes /run/config, reports Ready, and execs the OS's init in place, as PID 1, with nothing
+    mounted. One boot with JSON user data (expanded with its modes; a name with `..` refused),
+    one with a #! script as user data: the exact bytes."""
+    c = Check()
+    work = ctx["work"]
+    initrd = os.path.join(work, "initrd-inplace.img")
+    sh(LINUXKIT_FRONT, linuxkit_os(work), ctx["initrd"], initrd, "azprov.timeout=60", stderr=subprocess.DEVNULL)
+    json_ud = json.dumps({"motd": {"content": "hello\n"}, "secret": {"perm": "0600", "content": "s3"},
+                          "conf.d": {"entries": {"a.conf": {"perm": "0640", "content": "a=1\n"}}},
+                          "../escape": {"content": "x"}}).encode()
+    script_ud = b"#!/bin/sh\necho from user data\n"
+    outs, took = "", 0
+    for n, (userdata, expect) in enumerate([(json_ud, {"/run/config/motd": "644", "/run/config/secret": "600",
+                                                        "/run/config/conf.d": "755", "/run/config/conf.d/a.conf": "640"}),
+                                            (script_ud, {})]):
+        doc = imds_doc("e2e-inplace")
+        doc["compute"]["publicKeys"].append({"keyData": INPLACE_KEY2, "path": "/home/azureuser/.ssh/authorized_keys"})
+        doc["compute"]["userData"] = base64.b64encode(userdata).decode()
+        with Azure(work, f"{ctx['tag']}{n}", doc) as azure:
+            cd = make_cd(work, "e2e-inplace-ovf")
+            _start, took, out, rc = boot(azure, work, "gen1", ctx["kernel"], initrd, None, cd, accel=ctx["accel"],
+                                         append="console=ttyS0 loglevel=6 panic=-1 azprov.onfail=poweroff")
+            outs += f"\n==== boot {n}\n{out}"
+            what = f"boot {n}"
+            c(rc == 0 and "INPLACE-DONE" in out, f"{what}: the OS's init did not run to its end (rc {rc})")
+            c("INPLACE-INIT pid=1 hostname=e2e-inplace" in out, f"{what}: the init is not PID 1 with IMDS's hostname")
+            for f, want in (("provider", "azure"), ("hostname", "e2e-inplace"), ("local_hostname", "e2e-inplace")):
+                c(f"INPLACE file {f}={want}" in out, f"{what}: /run/config/{f} is not {want}")
+            keys = [l for l in out.splitlines() if l.startswith("INPLACE key ")]
+            c(any(KEY.strip() in l for l in keys) and any(INPLACE_KEY2 in l for l in keys),
+              f"{what}: both IMDS keys are not in authorized_keys: {keys}")
+            c(f"INPLACE userdata-sha256={hashlib.sha256(userdata).hexdigest()}" in out,
+              f"{what}: /run/config/userdata is not the user data's bytes")
+            paths = dict(l.split()[3:1:-1] for l in out.splitlines() if l.startswith("INPLACE path "))
+            c(paths.get("/run/config/ssh/authorized_keys") == "600", f"{what}: authorized_keys is {paths.get('/run/config/ssh/authorized_keys')}")
+            for p, mode in expect.items():
+                c(paths.get(p) == mode, f"{what}: {p} is {paths.get(p)}, not {mode}")
+            outside = [p for p in paths if not p.startswith(("/run/config", "/run/azprov"))]
+            c(outside == [], f"{what}: written outside /run/config: {outside}")
+            mounts = next((l for l in out.splitlines() if l.startswith("INPLACE mounts=")), "")
+            c(" /dev " not in mounts + " " and " /run " not in mounts + " ", f"{what}: azprov left mounts: {mounts}")
+            c("INPLACE passwd=1" in out, f"{what}: the admin user is not in the RAM root's /etc/passwd")
+            posts = [r for r in azure.requests() if r.get("endpoint") == "health"]
+            c([p.get("state") for p in posts] == ["Ready"], f"{what}: health reports {[p.get('state') for p in posts]}")
+    return c, None, took, outs
+
+
 SCENARIOS = {
     "gen1": run_gen1,
     "gen2": run_gen2,
@@ -452,6 +530,7 @@ SCENARIOS = {
     "growroot": run_growroot,
     "growroot-mbr": run_growroot_mbr,
     "growroot-powercut": run_growroot_powercut,
+    "inplace": run_inplace,
     "growroot-xfs": lambda ctx: run_growroot_fs(ctx, "xfs"),
     "growroot-btrfs": lambda ctx: run_growroot_fs(ctx, "btrfs"),
 }

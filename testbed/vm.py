@@ -41,7 +41,8 @@ def qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, on_azure=T
     if on_azure:
         a += ["-smbios", f"type=3,asset={AZURE_ASSET_TAG}"]
     if shape == "gen1":
-        a += ["-M", "pc", "-drive", f"file={root_img},format={fmt},if=virtio"]
+        # no root_img: a system whose initramfs is the OS (azprov.inplace) has no disk
+        a += ["-M", "pc"] + (["-drive", f"file={root_img},format={fmt},if=virtio"] if root_img else [])
         if cd:
             a += ["-drive", f"file={cd},format=raw,media=cdrom,if=ide,readonly=on"]
     elif shape == "nvme":  # the OS disk on NVMe, as Azure's v6 sizes and later have it
@@ -82,10 +83,11 @@ def console_text(path):
 
 
 def boot(azure, work, shape, kernel_img, initrd, root_img, cd, extra_append="", accel="tcg", timeout=VM_TIMEOUT,
-         on_azure=True, qemu_extra=(), nic="virtio-net-pci"):
+         on_azure=True, qemu_extra=(), nic="virtio-net-pci", append=None):
     """A boot to its end (power-off, or `timeout`): when it started (time.time()), how long QEMU
-    ran, the console (with QEMU's exit code and stderr when it failed) and the exit code."""
-    append = kernel_append(shape, extra_append)
+    ran, the console (with QEMU's exit code and stderr when it failed) and the exit code.
+    `append`: the whole kernel command line instead of the test kernel's."""
+    append = append or kernel_append(shape, extra_append)
     console = os.path.join(work, "console.log")
     cmd = azure.inside("timeout", str(timeout),
                        *qemu_args(shape, kernel_img, initrd, root_img, cd, append, accel, on_azure, nic=nic),
@@ -120,7 +122,7 @@ def qmp_status(sock):
 
 
 def boot_cut(azure, work, kernel_img, initrd, disk, cd, sector=None, console_mark=None, timeout=VM_TIMEOUT,
-             torn=False):
+             torn=False, append=None):
     """A Gen2 boot cut by a power cut: QEMU is killed (SIGKILL) when the guest's first write
     touching `sector` of `disk` reaches it (blkdebug fails it, werror=stop freezes the VM, so
     neither it nor anything after it is written), or when `console_mark` shows on the
@@ -138,7 +140,8 @@ def boot_cut(azure, work, kernel_img, initrd, disk, cd, sector=None, console_mar
     for f in (console, sock):
         if os.path.exists(f):
             os.remove(f)
-    cmd = azure.inside(*qemu_args("gen2", kernel_img, initrd, None, cd, kernel_append("gen2"), "tcg", disk_blockdev=node),
+    cmd = azure.inside(*qemu_args("gen2", kernel_img, initrd, None, cd, append or kernel_append("gen2"), "tcg",
+                                  disk_blockdev=node, mem="768" if append else "384"),
                        "-serial", f"file:{console}", "-qmp", f"unix:{sock},server=on,wait=off")
     q = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     how, end = "finished", time.time() + timeout
@@ -181,17 +184,22 @@ def kvm_usable():
 
 
 class VM:
-    """QEMU running a Debian image (Gen1, `cd` on IDE, `disks` on virtio after the root) in
-    `azure`'s namespace, in the background, with the console in work/console-NAME.log; a context
-    manager that stops it."""
+    """QEMU running a Debian image (Gen1, `cd` on IDE, `disks` on virtio after the root: qcow2
+    overlays, raw `.img` files, or ("nvme", path) for an NVMe disk) in `azure`'s namespace, in
+    the background, with the console in work/console-NAME.log; a context manager that stops it."""
 
     def __init__(self, azure, work, name, kernel, initrd, img, cd, extra="", on_azure=True, disks=()):
         self.azure, self.console = azure, os.path.join(work, f"console-{name}.log")
         append = f"root=UUID={ROOT_UUID} ro console=ttyS0 panic=-1 {extra}".strip()
         # a whole Debian userland needs more than azprov's test root
         args = qemu_args("gen1", kernel, initrd, img, cd, append, "tcg", on_azure, mem="768")
-        for d in disks:
-            args += ["-drive", f"file={d},format=qcow2,if=virtio"]
+        for i, d in enumerate(disks):
+            if isinstance(d, tuple):
+                args += ["-drive", f"file={d[1]},format=raw,if=none,id=nvd{i}",
+                         "-device", f"nvme,serial=azprovlocal{i},drive=nvd{i}"]
+            else:
+                fmt = "raw" if d.endswith(".img") else "qcow2"
+                args += ["-drive", f"file={d},format={fmt},if=virtio"]
         self.start = time.time()
         self.proc = subprocess.Popen(azure.inside(*args, "-serial", f"file:{self.console}"),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
