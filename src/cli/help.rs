@@ -343,7 +343,23 @@ pub fn man_page() -> String {
          .B azprov=0\n(or rd.azprov=0, azprov.disable) skips provisioning for one boot;\n\
          .B azprov.timeout=SECS, azprov.iface=IF, azprov.log=debug|info|warn, \
          azprov.hostkeys=keep, azprov.hostkeytypes=ed25519,ecdsa,rsa, azprov.keepnet, azprov.force, azprov.wireserver=IP, azprov.imds=URL, \
-         azprov.onfail=halt|reboot|poweroff, azprov.modules=a,b\n",
+         azprov.onfail=halt|reboot|poweroff, azprov.modules=a,b, azprov.growroot=0\n.PP\n\
+         The resource disk (azprov\\-resource\\-disk@.service, every boot):\n\
+         .B azprov.resourcedisk=off|NAME, azprov.resourcemount=PATH (default /mnt), \
+         azprov.resourcefs=ext4|xfs.\n\
+         It is formatted only as Azure hands it over blank (one NTFS \"Temporary Storage\" \
+         partition holding only its readme and System Volume Information, or a raw local NVMe \
+         disk) and mounted; a disk azprov formatted before is mounted as it is; any other disk, \
+         and any disk in another state, is never written to.\n.PP\n\
+         .B azprov.inplace:\n\
+         the initramfs is the OS (linuxkit): PID 1 provisions it, writes /run/config and execs \
+         init= in place.\n",
+    );
+    m.push_str(
+        ".SH DISKS\nThe udev rule 66\\-azprov\\-disks.rules names Azure's disks as WALinuxAgent \
+         does (/dev/disk/azure/root, resource, scsiN/lunL) and as azure\\-vm\\-utils does \
+         (os, resource, data/by\\-lun/L, local/by\\-serial/S), \\-partN for partitions;\n\
+         .B azprov disks\nlists them.\n",
     );
     m.push_str(
         ".SH EXIT STATUS\n0 ok (or already provisioned, disabled, not on Azure); 1 provisioning or \
@@ -351,7 +367,7 @@ pub fn man_page() -> String {
          root only and this boot left no record).\n",
     );
     m.push_str(
-        ".SH FILES\n/var/lib/azprov/ (state, marker, custom data), /var/log/azprov.log, \
+        ".SH FILES\n/var/lib/azprov/ (state, marker, custom data), /var/log/azprov.log, /run/config (azprov.inplace, \\-\\-run\\-config), \
          /run/azprov/boot.json (this boot's outcome, readable by all)\n",
     );
     m.push_str(".SH SEE ALSO\n.BR journalctl (1),\n.BR dracut (8),\n.BR update\\-initramfs (8)\n");
