@@ -5,26 +5,19 @@
 //! Never holds a secret.
 
 use super::summary::Summary;
+pub use super::summary::Timings;
 use super::sysroot::{Sysroot, STATE_DIR};
-use super::write::Written;
 use super::Failure;
 use crate::azure::wireserver::Reported;
 use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "state.json";
 
-/// How long each stage of the run took, in milliseconds (`--json`, `status`, the state).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct Timings {
-    pub media: u64,
-    pub dhcp: u64,
-    pub imds: u64,
-    pub write: u64,
-    pub report: u64,
-    /// Making the host keys, beside the stages above (not part of time to Ready).
-    pub host_keys: u64,
-    pub total: u64,
+/// What the writes did that the state records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The admin user was created (not an existing account).
+    pub user_created: bool,
 }
 
 /// What Azure was told, as far as azprov knows.

@@ -2,9 +2,22 @@
 //! secret.
 
 use super::data::ProvisioningData;
-use super::state::Timings;
 use super::Reason;
 use serde::Serialize;
+
+/// How long each stage of the run took, in milliseconds (`--json`, `status`, the state).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Timings {
+    pub media: u64,
+    pub dhcp: u64,
+    pub imds: u64,
+    pub write: u64,
+    pub report: u64,
+    /// Making the host keys, beside the stages above (not part of time to Ready).
+    pub host_keys: u64,
+    pub total: u64,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

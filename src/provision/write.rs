@@ -1,17 +1,10 @@
 //! Writing the provisioning data into the root in the order of the file contract.
 
 use super::data::ProvisioningData;
-use super::state::{Acked, State};
+use super::state::{Acked, State, Written};
 use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG, STATE_DIR};
 use super::{Failure, Reason};
 use crate::secret::Secret;
-
-/// What the writes did that the state records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
-    /// The admin user was created (not an existing account).
-    pub user_created: bool,
-}
 
 /// Writes all of `data` into the root as docs/contracts.md, "The file contract", lists it, the
 /// marker last, in two chains beside each other: the account (user, then its keys, then sudoers: no
