@@ -1325,8 +1325,8 @@ fn dmi_of(net: &Net, name: &str, uuid: &str) -> String {
     d.display().to_string()
 }
 
-/// The disk of VM A booted as VM B, whose run fails before its writes: A's custom data, user
-/// data and IMDS document are gone all the same, and run-scripts runs nothing for B.
+/// The disk of VM A booted as VM B, whose run fails before its writes (no NIC): A's custom
+/// data, user data and IMDS document are gone all the same, and run-scripts runs nothing for B.
 #[test]
 #[cfg_attr(
     azprov_unprivileged,
@@ -1337,7 +1337,7 @@ fn a_new_vm_whose_run_fails_never_keeps_the_earlier_vms_data() {
     let (mut net, root) = setup(doc("vm-a", "azureuser"), json!([]), &[]);
     let r = root.to_str().unwrap().to_string();
     let cmdline = net.cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro");
-    let run = |net: &Net, dmi: &str, ovf: &str| {
+    let run = |net: &Net, dmi: &str, ovf: &str, iface: &str| {
         azprov_json(
             net,
             &[
@@ -1350,7 +1350,7 @@ fn a_new_vm_whose_run_fails_never_keeps_the_earlier_vms_data() {
                 "--cmdline",
                 &cmdline,
                 "--iface",
-                "vm0",
+                iface,
                 "--timeout",
                 "20",
                 "--ovf",
@@ -1360,26 +1360,21 @@ fn a_new_vm_whose_run_fails_never_keeps_the_earlier_vms_data() {
         )
     };
     let a = dmi_of(&net, "dmi-a", "aaaaaaaa-0000-4000-8000-00000000000a");
-    let (_, v) = run(&net, &a, OVF);
+    let (_, v) = run(&net, &a, OVF, "vm0");
     assert_eq!(v["report"], "ready", "{v}");
     for f in ["customdata", "userdata", "imds.json"] {
         assert!(root.join("var/lib/azprov").join(f).exists(), "{f}");
     }
     let marker = text(root.join("var/lib/azprov/provisioned"));
-    // VM B: IMDS announces custom data its CD does not bring, so the run fails before writing
-    let mut d = doc("vm-b", "azureuser");
-    d["extended"]["compute"]["hasCustomData"] = json!(true);
-    net.restart_fabric(&d, &json!([]));
+    // VM B: its NIC is not there, so the run fails before anything is written
+    net.restart_fabric(&doc("vm-b", "azureuser"), &json!([]));
     let minimal = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/ovf/minimal.xml"
     );
     let b = dmi_of(&net, "dmi-b", "bbbbbbbb-0000-4000-8000-00000000000b");
-    let (_, v) = run(&net, &b, minimal);
-    assert_eq!(
-        v["reason"], "failure to read customData that IMDS announces",
-        "{v}"
-    );
+    let (_, v) = run(&net, &b, minimal, "nosuch0");
+    assert_eq!(v["reason"], "failure to find DHCP interface", "{v}");
     for f in ["customdata", "userdata", "imds.json"] {
         assert!(
             !root.join("var/lib/azprov").join(f).exists(),
