@@ -332,79 +332,106 @@ def debian_timeline(rounds=3, cpus=(1, 2)):
     Debian with no agent at all (the admin and key baked in, the image's host keys), and the
     same Debian with Debian's cloud-init as Debian's Azure images have it. `rounds` interleaved
     rounds of each, with each vCPU count in `cpus`."""
-    import re
     work = tempfile.mkdtemp(prefix="azprov-bench-debian-")
     try:
-        deb = subprocess.run([os.path.join(TOP, "scripts", "package")], check=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True).stdout.split()[-1]
         key = os.path.join(work, "id_ed25519")
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", key)
-        key_pub = open(key + ".pub").read().strip()
-        t = time.time()
-        with contextlib.redirect_stdout(sys.stderr):  # the builders' progress is not the bench's output
-            tar, _ = debian.debian_tarball()
-            _, initrds, img, _, _ = debian.build_images(os.path.join(work, "plain"), tar, deb)
-            images = {"azprov": debian.azprov_bootable(os.path.join(work, "azprov"), img, initrds)}
-            os.remove(img)
-            images["none"] = debian.build_agent_image(os.path.join(work, "none"), tar, "none", key_pub)
-            ci_tar, _ = debian.debian_tarball(debian.CLOUD_INIT_PACKAGES)
-            images["cloud-init"] = debian.build_agent_image(os.path.join(work, "cloud-init"), ci_tar, "cloud-init")
-        print(f"(images built in {time.time() - t:.0f} s)", file=sys.stderr)
-
-        def stamp(console, pat):
-            if not os.path.exists(console):
-                return None
-            m = re.search(r"\[\s*(\d+\.\d+)\] " + pat, open(console, errors="replace").read())
-            return float(m.group(1)) if m else None
-
-        def handover(console):
-            mounted = stamp(console, r"EXT4-fs \(\w+\): mounted filesystem")
-            init = stamp(console, r"systemd\[1\]: systemd \d+")
-            return init - mounted if mounted is not None and init is not None else None
-
-        variants = {"azprov": ["--reboot"], "none": ["--ssh-only"], "cloud-init": []}
-        rows = {}
-        failed = []  # one line per run that failed; its files are kept, the rounds go on
-        for n in cpus:
-            for i in range(rounds):
-                for name, extra in variants.items():
-                    d = os.path.join(work, f"run-{name}-{n}-{i}")
-                    r = subprocess.run([os.path.join(TOP, "scripts", "try-image"), images[name], "--gen", "1",
-                                        "--json", "--quiet", "--cpus", str(n), "--memory", "2048", "--accel", "tcg",
-                                        "--vm-size", "Standard_B2s", "--vm-name", "bench-deb", "--ssh-key",
-                                        key + ".pub", "--timeout", "400", "--work", d, *extra],
-                                       capture_output=True, text=True, check=False)
-                    try:
-                        rep = json.loads(r.stdout)
-                    except ValueError:
-                        sys.exit(f"bench: try-image on the {name} image printed no report: {r.stderr[-400:]}")
-                    if r.returncode != 0:
-                        kept = tempfile.mkdtemp(prefix=f"azprov-bench-failed-{name}-{n}-{i}-")
-                        shutil.copytree(d, kept, dirs_exist_ok=True,
-                                        ignore=shutil.ignore_patterns("*.qcow2", "*.raw", "*.fd"))
-                        cause = rep["cause"].replace(d, kept)
-                        failed.append(f"{name}, {n} vCPU, round {i + 1}: {cause}")
-                        print(f"bench: try-image on the {name} image ({n} vCPU, round {i + 1}) failed: {cause}",
-                              file=sys.stderr, flush=True)
-                        shutil.rmtree(d, ignore_errors=True)
-                        continue
-                    first = rows.setdefault((n, name), {})
-                    first.setdefault("Ready", []).append(rep["t_ready_s"])
-                    first.setdefault("SSH", []).append(rep["t_ssh_s"])
-                    first.setdefault("root mounted -> real init", []).append(handover(rep["console_log"]))
-                    if name == "azprov":
-                        # azprov's RSA key, made after the handover; the reboot waits for it
-                        first.setdefault("RSA key", []).append(rep.get("t_rsa_s"))
-                    if "reboot" in rep:
-                        again = rows.setdefault((n, name + " reboot"), {})
-                        again.setdefault("SSH", []).append(rep["reboot"]["t_ssh_s"])
-                        again.setdefault("root mounted -> real init", []).append(
-                            handover(rep["reboot"]["console_log"]))
-                        again.setdefault("fabric requests", []).append(len(rep["reboot"]["requests"]))
-                    shutil.rmtree(d, ignore_errors=True)
+        images = debian_images(work, open(key + ".pub").read().strip())
+        rows, failed = debian_rounds(work, images, key, rounds, cpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    debian_report(rows, failed, rounds, cpus)
+    return not failed
 
+
+def debian_images(work, key_pub):
+    """The three images of the Debian section, built from azprov's .deb (scripts/package)."""
+    deb = subprocess.run([os.path.join(TOP, "scripts", "package")], check=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True).stdout.split()[-1]
+    t = time.time()
+    with contextlib.redirect_stdout(sys.stderr):  # the builders' progress is not the bench's output
+        tar, _ = debian.debian_tarball()
+        _, initrds, img, _, _ = debian.build_images(os.path.join(work, "plain"), tar, deb)
+        images = {"azprov": debian.azprov_bootable(os.path.join(work, "azprov"), img, initrds)}
+        os.remove(img)
+        images["none"] = debian.build_agent_image(os.path.join(work, "none"), tar, "none", key_pub)
+        ci_tar, _ = debian.debian_tarball(debian.CLOUD_INIT_PACKAGES)
+        images["cloud-init"] = debian.build_agent_image(os.path.join(work, "cloud-init"), ci_tar, "cloud-init")
+    print(f"(images built in {time.time() - t:.0f} s)", file=sys.stderr)
+    return images
+
+
+def console_stamp(console, pat):
+    """The kernel's timestamp of the first console line matching `pat`, or None."""
+    import re
+    if not os.path.exists(console):
+        return None
+    m = re.search(r"\[\s*(\d+\.\d+)\] " + pat, open(console, errors="replace").read())
+    return float(m.group(1)) if m else None
+
+
+def handover(console):
+    """Seconds from the root's mount to the real init's start, from the console."""
+    mounted = console_stamp(console, r"EXT4-fs \(\w+\): mounted filesystem")
+    init = console_stamp(console, r"systemd\[1\]: systemd \d+")
+    return init - mounted if mounted is not None and init is not None else None
+
+
+DEBIAN_VARIANTS = {"azprov": ["--reboot"], "none": ["--ssh-only"], "cloud-init": []}
+
+
+def debian_rounds(work, images, key, rounds, cpus):
+    """`rounds` interleaved rounds of try-image on each image with each vCPU count: the figures
+    by (vCPUs, variant), and one line per run that failed (its files kept, the rounds go on)."""
+    rows, failed = {}, []
+    for n in cpus:
+        for i in range(rounds):
+            for name, extra in DEBIAN_VARIANTS.items():
+                d = os.path.join(work, f"run-{name}-{n}-{i}")
+                r = subprocess.run([os.path.join(TOP, "scripts", "try-image"), images[name], "--gen", "1",
+                                    "--json", "--quiet", "--cpus", str(n), "--memory", "2048", "--accel", "tcg",
+                                    "--vm-size", "Standard_B2s", "--vm-name", "bench-deb", "--ssh-key",
+                                    key + ".pub", "--timeout", "400", "--work", d, *extra],
+                                   capture_output=True, text=True, check=False)
+                try:
+                    rep = json.loads(r.stdout)
+                except ValueError:
+                    raise RuntimeError(f"bench: try-image on the {name} image printed no report: "
+                                       f"{r.stderr[-400:]}") from None
+                if r.returncode != 0:
+                    kept = tempfile.mkdtemp(prefix=f"azprov-bench-failed-{name}-{n}-{i}-")
+                    shutil.copytree(d, kept, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("*.qcow2", "*.raw", "*.fd"))
+                    cause = rep["cause"].replace(d, kept)
+                    failed.append(f"{name}, {n} vCPU, round {i + 1}: {cause}")
+                    print(f"bench: try-image on the {name} image ({n} vCPU, round {i + 1}) failed: {cause}",
+                          file=sys.stderr, flush=True)
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
+                record_run(rows, n, name, rep)
+                shutil.rmtree(d, ignore_errors=True)
+    return rows, failed
+
+
+def record_run(rows, n, name, rep):
+    """One try-image report's figures into `rows`."""
+    first = rows.setdefault((n, name), {})
+    first.setdefault("Ready", []).append(rep["t_ready_s"])
+    first.setdefault("SSH", []).append(rep["t_ssh_s"])
+    first.setdefault("root mounted -> real init", []).append(handover(rep["console_log"]))
+    if name == "azprov":
+        # azprov's RSA key, made after the handover; the reboot waits for it
+        first.setdefault("RSA key", []).append(rep.get("t_rsa_s"))
+    if "reboot" in rep:
+        again = rows.setdefault((n, name + " reboot"), {})
+        again.setdefault("SSH", []).append(rep["reboot"]["t_ssh_s"])
+        again.setdefault("root mounted -> real init", []).append(handover(rep["reboot"]["console_log"]))
+        again.setdefault("fabric requests", []).append(len(rep["reboot"]["requests"]))
+
+
+def debian_report(rows, failed, rounds, cpus):
+    """The Debian section's lines: medians (min-max) per variant and vCPU count, the ratios
+    and differences with their goals, and the runs that failed."""
     def med(xs):
         xs = [x for x in xs or [] if x is not None]
         return statistics.median(xs) if xs else None
@@ -414,6 +441,11 @@ def debian_timeline(rounds=3, cpus=(1, 2)):
         if not xs:
             return "-"
         return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+    def line(what, a, b, form, goal=""):
+        """`form` of a and b (medians; a line of "-" when either has none)."""
+        value = form(a, b) if a is not None and b is not None else "-"
+        print(f"    {what}: {value}{goal if value != '-' else ''}")
 
     print(f"Debian 12 through its own GRUB (Gen1), scripts/try-image, QEMU TCG, 2048 MiB, {rounds} interleaved "
           "rounds; seconds from QEMU start, median (min-max):")
@@ -427,11 +459,6 @@ def debian_timeline(rounds=3, cpus=(1, 2)):
                                                            if k != "fabric requests") +
                   (f"; fabric requests {max(got['fabric requests'])}" if "fabric requests" in got else ""))
         az, rb, ci, no = (rows.get((n, k), {}) for k in ("azprov", "azprov reboot", "cloud-init", "none"))
-
-        def line(what, a, b, form, goal=""):
-            """`form` of a and b (medians; a line of "-" when either has none)."""
-            value = form(a, b) if a is not None and b is not None else "-"
-            print(f"    {what}: {value}{goal if value != '-' else ''}")
         line("first SSH, azprov's first boot / cloud-init's", med(az.get("SSH")), med(ci.get("SSH")),
              lambda a, b: f"{a / b:.2f}", "; goal <= 0.5")
         line("Ready, azprov / cloud-init", med(az.get("Ready")), med(ci.get("Ready")), lambda a, b: f"{a / b:.2f}")
@@ -445,7 +472,6 @@ def debian_timeline(rounds=3, cpus=(1, 2)):
         print(f"  failed runs ({len(failed)}; not in the figures above; their files kept):")
         for f in failed:
             print(f"    {f}")
-    return not failed
 
 
 def growroot_timing(boots=3, image_gib=4, disk_gib=32):

@@ -633,4 +633,4 @@ def main():
         times = ", ".join(f"{k} {fmt(v)}" for k, v in figures.items())
         return name, c.failures, f"from QEMU start: {times} (tcg)"
 
-    run_scenarios("distro-tests", names, one, OUT)
+    sys.exit(1 if run_scenarios("distro-tests", names, one, OUT) else 0)

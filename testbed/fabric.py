@@ -256,236 +256,239 @@ def imds_document(doc, version, extended):
     return doc
 
 
-def make_handler(fabric, server_name):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # headers and body go out as separate writes: without TCP_NODELAY, Nagle and the
-        # client's delayed ACK add 40 ms to every answer
-        disable_nagle_algorithm = True
+class Handler(BaseHTTPRequestHandler):
+    """One request to the WireServer, IMDS or the HostGAPlugin (`self.server.name`), answered
+    from the shared Fabric (`self.server.fabric`) and logged."""
+    protocol_version = "HTTP/1.1"
+    # headers and body go out as separate writes: without TCP_NODELAY, Nagle and the
+    # client's delayed ACK add 40 ms to every answer
+    disable_nagle_algorithm = True
 
-        def log_message(self, *a):
-            pass
+    def log_message(self, *a):
+        pass
 
-        def do_GET(self):
-            self.handle_request(b"")
+    def do_GET(self):
+        self.handle_request(b"")
 
-        def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            self.handle_request(self.rfile.read(length))
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        self.handle_request(self.rfile.read(length))
 
-        def handle_request(self, body):
-            url = urlsplit(self.path)
-            query = parse_qs(url.query)
-            entry = {"server": server_name, "method": self.command, "path": self.path,
-                     "headers": {k.lower(): v for k, v in self.headers.items()},
-                     "body": body.decode("utf-8", "replace"), "msp_key": fabric.key_latched_at is not None}
-            endpoint, status, payload, ctype = self.route(url, query, body, entry)
-            n = fabric.count(endpoint)
-            entry["endpoint"], entry["n"] = endpoint, n
-            rule = fabric.fault(endpoint, n)
-            if rule:
-                entry["fault"] = rule
-                if rule.get("delay"):
-                    time.sleep(rule["delay"])
-                if rule.get("drop"):
-                    entry["status"] = None
-                    fabric.record(entry)
-                    self.close_connection = True
-                    try:
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                    return
-                if "status" in rule:
-                    status = rule["status"]
-                    payload = rule.get("body", "").encode()
-                elif "body" in rule:
-                    payload = rule["body"].encode()
-            entry["status"] = status
-            fabric.record(entry)
-            full = len(payload)
-            if rule and rule.get("truncate") is not None:
-                payload = payload[: rule["truncate"]]
+    def handle_request(self, body):
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        entry = {"server": self.server.name, "method": self.command, "path": self.path,
+                 "headers": {k.lower(): v for k, v in self.headers.items()},
+                 "body": body.decode("utf-8", "replace"), "msp_key": self.fabric.key_latched_at is not None}
+        endpoint, status, payload, ctype = self.route(url, query, body, entry)
+        n = self.fabric.count(endpoint)
+        entry["endpoint"], entry["n"] = endpoint, n
+        rule = self.fabric.fault(endpoint, n)
+        if rule:
+            entry["fault"] = rule
+            if rule.get("delay"):
+                time.sleep(rule["delay"])
+            if rule.get("drop"):
+                entry["status"] = None
+                self.fabric.record(entry)
                 self.close_connection = True
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(full))
-            self.end_headers()
-            self.wfile.write(payload)
-            self.wfile.flush()
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
+            if "status" in rule:
+                status = rule["status"]
+                payload = rule.get("body", "").encode()
+            elif "body" in rule:
+                payload = rule["body"].encode()
+        entry["status"] = status
+        self.fabric.record(entry)
+        full = len(payload)
+        if rule and rule.get("truncate") is not None:
+            payload = payload[: rule["truncate"]]
+            self.close_connection = True
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(full))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
 
-        def route(self, url, query, body, entry):
-            if server_name == "imds":
-                return self.imds(url, query)
-            if server_name == "hostgaplugin":
-                return self.hostgaplugin(url)
-            return self.wireserver(url, query, body, entry)
+    def route(self, url, query, body, entry):
+        if self.server.name == "imds":
+            return self.imds(url, query)
+        if self.server.name == "hostgaplugin":
+            return self.hostgaplugin(url)
+        return self.wireserver(url, query, body, entry)
 
-        def imds(self, url, query):
-            h = self.headers
-            bad = lambda msg, **more: ("imds", 400, json.dumps({"error": msg, **more}).encode(), "application/json")
-            if h.get("Metadata", "").lower() != "true" or "X-Forwarded-For" in h:
-                return bad("Bad request. Required metadata header not specified")
-            path = url.path.rstrip("/")
-            if path == "/metadata/versions":
-                return ("imds", 200, json.dumps({"apiVersions": IMDS_VERSIONS}).encode(), "application/json")
-            version = query.get("api-version", [""])[0]
-            if version not in IMDS_VERSIONS:
-                what = "was not specified" if not version else "is invalid"
-                return bad(f"Bad request. api-version {what} in the request. For more information refer to "
-                           "aka.ms/azureimds", **{"newest-versions": IMDS_VERSIONS[:-4:-1]})
-            if path == "/metadata/reprovisiondata":
-                return self.reprovisiondata()
-            if path != "/metadata/instance" and not path.startswith("/metadata/instance/"):
+    def imds(self, url, query):
+        h = self.headers
+        bad = lambda msg, **more: ("imds", 400, json.dumps({"error": msg, **more}).encode(), "application/json")
+        if h.get("Metadata", "").lower() != "true" or "X-Forwarded-For" in h:
+            return bad("Bad request. Required metadata header not specified")
+        path = url.path.rstrip("/")
+        if path == "/metadata/versions":
+            return ("imds", 200, json.dumps({"apiVersions": IMDS_VERSIONS}).encode(), "application/json")
+        version = query.get("api-version", [""])[0]
+        if version not in IMDS_VERSIONS:
+            what = "was not specified" if not version else "is invalid"
+            return bad(f"Bad request. api-version {what} in the request. For more information refer to "
+                       "aka.ms/azureimds", **{"newest-versions": IMDS_VERSIONS[:-4:-1]})
+        if path == "/metadata/reprovisiondata":
+            return self.reprovisiondata()
+        if path != "/metadata/instance" and not path.startswith("/metadata/instance/"):
+            return ("imds", 404, b'{"error": "Not found"}', "application/json")
+        doc = imds_document(self.fabric.doc, version, query.get("extended") == ["true"])
+        node = doc
+        for part in [p for p in path[len("/metadata/instance"):].split("/") if p]:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
                 return ("imds", 404, b'{"error": "Not found"}', "application/json")
-            doc = imds_document(fabric.doc, version, query.get("extended") == ["true"])
-            node = doc
-            for part in [p for p in path[len("/metadata/instance"):].split("/") if p]:
-                if isinstance(node, dict) and part in node:
-                    node = node[part]
-                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                    node = node[int(part)]
-                else:
-                    return ("imds", 404, b'{"error": "Not found"}', "application/json")
-            if query.get("format") == ["text"]:
-                if isinstance(node, (dict, list)):
-                    # a node's text is its children's names, one per line, as Azure lists them
-                    names = [f"{k}/" if isinstance(v, (dict, list)) else k for k, v in node.items()] \
-                        if isinstance(node, dict) else [f"{i}/" for i in range(len(node))]
-                    return ("imds", 200, "\n".join(names).encode(), "text/plain; charset=utf-8")
-                text = node if isinstance(node, str) else json.dumps(node)
-                return ("imds", 200, text.encode(), "text/plain; charset=utf-8")
-            return ("imds", 200, json.dumps(node).encode(), "application/json; charset=utf-8")
+        if query.get("format") == ["text"]:
+            if isinstance(node, (dict, list)):
+                # a node's text is its children's names, one per line, as Azure lists them
+                names = [f"{k}/" if isinstance(v, (dict, list)) else k for k, v in node.items()] \
+                    if isinstance(node, dict) else [f"{i}/" for i in range(len(node))]
+                return ("imds", 200, "\n".join(names).encode(), "text/plain; charset=utf-8")
+            text = node if isinstance(node, str) else json.dumps(node)
+            return ("imds", 200, text.encode(), "text/plain; charset=utf-8")
+        return ("imds", 200, json.dumps(node).encode(), "application/json; charset=utf-8")
 
-        def hostgaplugin(self, url):
-            # a HostGAPlugin without FastTrack: /vmSettings is 404, which waagent takes as "use
-            # the WireServer's ExtensionsConfig" (a refused connection makes waagent 2.7.3 on
-            # Python 3.11 fail the whole goal state)
-            path = url.path.rstrip("/")
-            if path == "/versions" and self.command == "GET":
-                return ("hgap", 200, json.dumps(["2015-09-01", "2012-11-30"]).encode(), "application/json")
-            if path == "/health" and self.command == "GET":
-                return ("hgap", 200, b"", "text/plain")
-            if path in ("/status", "/vmAgentLog") and self.command == "PUT":
-                return ("hgap", 200, b"", "text/plain")
-            return ("hgap", 404, b"", "text/plain")
+    def hostgaplugin(self, url):
+        # a HostGAPlugin without FastTrack: /vmSettings is 404, which waagent takes as "use
+        # the WireServer's ExtensionsConfig" (a refused connection makes waagent 2.7.3 on
+        # Python 3.11 fail the whole goal state)
+        path = url.path.rstrip("/")
+        if path == "/versions" and self.command == "GET":
+            return ("hgap", 200, json.dumps(["2015-09-01", "2012-11-30"]).encode(), "application/json")
+        if path == "/health" and self.command == "GET":
+            return ("hgap", 200, b"", "text/plain")
+        if path in ("/status", "/vmAgentLog") and self.command == "PUT":
+            return ("hgap", 200, b"", "text/plain")
+        return ("hgap", 404, b"", "text/plain")
 
-        def do_PUT(self):
-            self.do_POST()
+    def do_PUT(self):
+        self.do_POST()
 
-        def reprovisiondata(self):
-            # only a pre-provisioned VM (ppsType other than None) is handed its real OVF here
-            pps = fabric.doc.get("extended", {}).get("compute", {}).get("ppsType", "None")
-            if pps == "None" or not fabric.reprovision_ovf:
-                return ("reprovisiondata", 404, b'{"error": "Not found"}', "application/json")
-            return ("reprovisiondata", 200, fabric.reprovision_ovf, "text/xml; charset=utf-8")
+    def reprovisiondata(self):
+        # only a pre-provisioned VM (ppsType other than None) is handed its real OVF here
+        pps = self.fabric.doc.get("extended", {}).get("compute", {}).get("ppsType", "None")
+        if pps == "None" or not self.fabric.reprovision_ovf:
+            return ("reprovisiondata", 404, b'{"error": "Not found"}', "application/json")
+        return ("reprovisiondata", 200, self.fabric.reprovision_ovf, "text/xml; charset=utf-8")
 
-        def secure_channel(self, url, body):
-            # what the Guest Proxy Agent asks, unsigned, with Metadata: True
-            if self.headers.get("Metadata", "").lower() != "true":
-                return ("secure-channel", 400, b'{"error": "Metadata header required"}', "application/json")
-            path = url.path.rstrip("/")
-            if path == "/secure-channel/status" and self.command == "GET":
-                state = "WireserverAndImds" if fabric.msp else "Disabled"
-                mode = "enforce" if fabric.msp else "disabled"
-                doc = {"secureChannelState": state, "keyDeliveryMethod": "http", "version": "2.0",
-                       "authorizationRules": {k: {"mode": mode} for k in ("imds", "wireserver", "hostga")}}
-                return ("secure-channel", 200, json.dumps(doc).encode(), "application/json")
-            if path == "/secure-channel/key" and self.command == "POST":
-                if not fabric.msp:
-                    return ("secure-channel", 404, b'{"error": "secure channel disabled"}', "application/json")
-                if fabric.msp_refuse_key:
-                    return ("secure-channel", 403, b'{"error": "key latch refused"}', "application/json")
-                try:
-                    scheme = json.loads(body or b"{}").get("authorizationScheme")
-                except ValueError:
-                    scheme = None
-                if scheme != "Azure-HMAC-SHA256":
-                    return ("secure-channel", 400, b'{"error": "authorizationScheme"}', "application/json")
-                with fabric.lock:
-                    if fabric.key_latched_at is None:
-                        fabric.key_latched_at = time.time()
-                key = {"guid": fabric.container, "incarnationId": 1, "authorizationScheme": scheme,
-                       "key": "c2ltdWxhdGVkLWtleS1ub3QtYS1zZWNyZXQ="}
-                return ("secure-channel", 200, json.dumps(key).encode(), "application/json")
-            return ("secure-channel", 404, b"", "application/json")
+    def secure_channel(self, url, body):
+        # what the Guest Proxy Agent asks, unsigned, with Metadata: True
+        if self.headers.get("Metadata", "").lower() != "true":
+            return ("secure-channel", 400, b'{"error": "Metadata header required"}', "application/json")
+        path = url.path.rstrip("/")
+        if path == "/secure-channel/status" and self.command == "GET":
+            state = "WireserverAndImds" if self.fabric.msp else "Disabled"
+            mode = "enforce" if self.fabric.msp else "disabled"
+            doc = {"secureChannelState": state, "keyDeliveryMethod": "http", "version": "2.0",
+                   "authorizationRules": {k: {"mode": mode} for k in ("imds", "wireserver", "hostga")}}
+            return ("secure-channel", 200, json.dumps(doc).encode(), "application/json")
+        if path == "/secure-channel/key" and self.command == "POST":
+            if not self.fabric.msp:
+                return ("secure-channel", 404, b'{"error": "secure channel disabled"}', "application/json")
+            if self.fabric.msp_refuse_key:
+                return ("secure-channel", 403, b'{"error": "key latch refused"}', "application/json")
+            try:
+                scheme = json.loads(body or b"{}").get("authorizationScheme")
+            except ValueError:
+                scheme = None
+            if scheme != "Azure-HMAC-SHA256":
+                return ("secure-channel", 400, b'{"error": "authorizationScheme"}', "application/json")
+            with self.fabric.lock:
+                if self.fabric.key_latched_at is None:
+                    self.fabric.key_latched_at = time.time()
+            key = {"guid": self.fabric.container, "incarnationId": 1, "authorizationScheme": scheme,
+                   "key": "c2ltdWxhdGVkLWtleS1ub3QtYS1zZWNyZXQ="}
+            return ("secure-channel", 200, json.dumps(key).encode(), "application/json")
+        return ("secure-channel", 404, b"", "application/json")
 
-        def wireserver(self, url, query, body, entry):
-            comp = query.get("comp", [""])[0]
-            if url.path.startswith("/secure-channel/"):
-                return self.secure_channel(url, body)
-            if comp == "versions":
-                return ("versions", 200, VERSIONS.encode(), "text/xml; charset=utf-8")
-            if url.path.rstrip("/") == "/provisioning/health" and self.command == "POST":
-                # azure-init's JSON report (no goal state, no incarnation, no x-ms-version)
-                try:
-                    doc = json.loads(body)
-                except ValueError:
-                    return ("health", 400, b"", "text/plain")
-                details = doc.get("details") or {}
-                entry["state"], entry["substatus"] = doc.get("state"), details.get("subStatus")
-                entry["description"] = details.get("description")
-                if entry["state"] not in ("Ready", "NotReady"):
-                    return ("health", 400, b"", "text/plain")
-                return ("health", 200, b"", "text/plain")
-            if url.path.rstrip("/") == "/HealthService" and self.command == "POST":
-                # waagent's JSON observations of its plugin's and IMDS's health: no x-ms-version
-                try:
-                    json.loads(body or b"null")
-                except ValueError:
-                    return ("healthservice", 400, b"", "text/plain")
-                return ("healthservice", 200, b"", "text/plain")
-            if self.headers.get("x-ms-version") is None:
-                return ("unknown", 400, b"<Error><Code>MissingHeader</Code></Error>", "text/xml")
-            if comp == "goalstate" and self.command == "GET":
-                with fabric.lock:
-                    served = fabric.counts.get("goalstate", 0) + 1
-                    inc = fabric.incarnation
-                    if fabric.bump_after and (served == fabric.bump_after or fabric.bump_always):
-                        fabric.incarnation += 1
-                entry["incarnation"] = inc
-                host, port = self.server.server_address[:2]
-                base = f"http://{host}:{port}/machine/{fabric.container}/{fabric.instance}"
-                conf = CONFIGURATION.format(base=base, inc=inc, instance=fabric.instance)
-                xml = GOAL_STATE.format(inc=inc, container=fabric.container, instance=fabric.instance,
-                                        configuration=conf)
-                return ("goalstate", 200, xml.encode(), "text/xml; charset=utf-8")
-            if comp == "config" and self.command == "GET":
-                kind = query.get("type", [""])[0]
-                template = {"hostingEnvironmentConfig": HOSTING_ENVIRONMENT, "sharedConfig": SHARED_CONFIG,
-                            "extensionsConfig": EXTENSIONS_CONFIG, "fullConfig": FULL_CONFIG}.get(kind)
-                if template is None:
-                    return ("config", 404, b"", "text/plain")
-                with fabric.lock:
-                    inc = fabric.incarnation
-                xml = template.format(inc=inc, container=fabric.container, instance=fabric.instance,
-                                      role=fabric.instance.rsplit(".", 1)[-1], address=fabric.vm_address)
-                return ("config", 200, xml.encode(), "text/xml; charset=utf-8")
-            if comp in ("telemetrydata", "roleProperties") and self.command == "POST":
-                return (comp, 200, b"", "text/xml")
-            if comp == "health" and self.command == "POST":
-                try:
-                    root = ET.fromstring(body)
-                except ET.ParseError as e:
-                    entry["error"] = str(e)
-                    return ("health", 400, b"<Error><Code>InvalidXml</Code></Error>", "text/xml")
-                inc = root.findtext("GoalStateIncarnation")
-                entry["incarnation"] = inc
-                entry["container_id"] = root.findtext("Container/ContainerId")
-                entry["instance_id"] = root.findtext("Container/RoleInstanceList/Role/InstanceId")
-                entry["state"] = root.findtext("Container/RoleInstanceList/Role/Health/State")
-                entry["substatus"] = root.findtext("Container/RoleInstanceList/Role/Health/Details/SubStatus")
-                entry["description"] = root.findtext("Container/RoleInstanceList/Role/Health/Details/Description")
-                with fabric.lock:
-                    current = str(fabric.incarnation)
-                if inc != current:
-                    return ("health", 410, b"", "text/xml")
-                if entry["container_id"] != fabric.container or entry["instance_id"] != fabric.instance:
-                    return ("health", 400, b"<Error><Code>InvalidContainerConfiguration</Code></Error>", "text/xml")
-                return ("health", 200, b"", "text/xml")
-            return ("unknown", 404, b"", "text/plain")
+    def wireserver(self, url, query, body, entry):
+        comp = query.get("comp", [""])[0]
+        if url.path.startswith("/secure-channel/"):
+            return self.secure_channel(url, body)
+        if comp == "versions":
+            return ("versions", 200, VERSIONS.encode(), "text/xml; charset=utf-8")
+        if url.path.rstrip("/") == "/provisioning/health" and self.command == "POST":
+            # azure-init's JSON report (no goal state, no incarnation, no x-ms-version)
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                return ("health", 400, b"", "text/plain")
+            details = doc.get("details") or {}
+            entry["state"], entry["substatus"] = doc.get("state"), details.get("subStatus")
+            entry["description"] = details.get("description")
+            if entry["state"] not in ("Ready", "NotReady"):
+                return ("health", 400, b"", "text/plain")
+            return ("health", 200, b"", "text/plain")
+        if url.path.rstrip("/") == "/HealthService" and self.command == "POST":
+            # waagent's JSON observations of its plugin's and IMDS's health: no x-ms-version
+            try:
+                json.loads(body or b"null")
+            except ValueError:
+                return ("healthservice", 400, b"", "text/plain")
+            return ("healthservice", 200, b"", "text/plain")
+        if self.headers.get("x-ms-version") is None:
+            return ("unknown", 400, b"<Error><Code>MissingHeader</Code></Error>", "text/xml")
+        if comp == "goalstate" and self.command == "GET":
+            with self.fabric.lock:
+                served = self.fabric.counts.get("goalstate", 0) + 1
+                inc = self.fabric.incarnation
+                if self.fabric.bump_after and (served == self.fabric.bump_after or self.fabric.bump_always):
+                    self.fabric.incarnation += 1
+            entry["incarnation"] = inc
+            host, port = self.server.server_address[:2]
+            base = f"http://{host}:{port}/machine/{self.fabric.container}/{self.fabric.instance}"
+            conf = CONFIGURATION.format(base=base, inc=inc, instance=self.fabric.instance)
+            xml = GOAL_STATE.format(inc=inc, container=self.fabric.container, instance=self.fabric.instance,
+                                    configuration=conf)
+            return ("goalstate", 200, xml.encode(), "text/xml; charset=utf-8")
+        if comp == "config" and self.command == "GET":
+            kind = query.get("type", [""])[0]
+            template = {"hostingEnvironmentConfig": HOSTING_ENVIRONMENT, "sharedConfig": SHARED_CONFIG,
+                        "extensionsConfig": EXTENSIONS_CONFIG, "fullConfig": FULL_CONFIG}.get(kind)
+            if template is None:
+                return ("config", 404, b"", "text/plain")
+            with self.fabric.lock:
+                inc = self.fabric.incarnation
+            xml = template.format(inc=inc, container=self.fabric.container, instance=self.fabric.instance,
+                                  role=self.fabric.instance.rsplit(".", 1)[-1], address=self.fabric.vm_address)
+            return ("config", 200, xml.encode(), "text/xml; charset=utf-8")
+        if comp in ("telemetrydata", "roleProperties") and self.command == "POST":
+            return (comp, 200, b"", "text/xml")
+        if comp == "health" and self.command == "POST":
+            try:
+                root = ET.fromstring(body)
+            except ET.ParseError as e:
+                entry["error"] = str(e)
+                return ("health", 400, b"<Error><Code>InvalidXml</Code></Error>", "text/xml")
+            inc = root.findtext("GoalStateIncarnation")
+            entry["incarnation"] = inc
+            entry["container_id"] = root.findtext("Container/ContainerId")
+            entry["instance_id"] = root.findtext("Container/RoleInstanceList/Role/InstanceId")
+            entry["state"] = root.findtext("Container/RoleInstanceList/Role/Health/State")
+            entry["substatus"] = root.findtext("Container/RoleInstanceList/Role/Health/Details/SubStatus")
+            entry["description"] = root.findtext("Container/RoleInstanceList/Role/Health/Details/Description")
+            with self.fabric.lock:
+                current = str(self.fabric.incarnation)
+            if inc != current:
+                return ("health", 410, b"", "text/xml")
+            if entry["container_id"] != self.fabric.container or entry["instance_id"] != self.fabric.instance:
+                return ("health", 400, b"<Error><Code>InvalidContainerConfiguration</Code></Error>", "text/xml")
+            return ("health", 200, b"", "text/xml")
+        return ("unknown", 404, b"", "text/plain")
 
-    return Handler
+    @property
+    def fabric(self):
+        return self.server.fabric
 
 
 def parse_addr(s):
@@ -528,8 +531,9 @@ def serve(args):
     fabric = Fabric(args)
     servers = []
     for name, addr in (("wireserver", args.wireserver), ("imds", args.imds), ("hostgaplugin", args.hostgaplugin)):
-        srv = Server(parse_addr(addr), make_handler(fabric, name))
+        srv = Server(parse_addr(addr), Handler)
         srv.fabric = fabric  # its log is closed by whoever stops the servers in-process
+        srv.name = name
         servers.append(srv)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     return servers

@@ -567,4 +567,4 @@ def main():
         ready_s = f"{ready:.2f}s" if ready is not None else "-"
         return name, c.failures, f"QEMU start to Ready {ready_s} ({accel}), qemu {took:.1f}s"
 
-    run_scenarios("qemu-tests", names, one, OUT)
+    sys.exit(1 if run_scenarios("qemu-tests", names, one, OUT) else 0)

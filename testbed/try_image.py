@@ -13,6 +13,7 @@ otherwise 1 and a one-line cause (2 for a usage error).
 """
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -468,7 +469,30 @@ def marked(out, key):
 
 
 # ---------------------------------------------------------------- the run
-def run(a):
+@dataclasses.dataclass
+class Prepared:
+    """What a try is made of before QEMU starts: the image and its overlay, the VM's shape,
+    the admin's key and the provisioning CD."""
+    image: str
+    work: str
+    fmt: str
+    size: int
+    disk_size: int
+    overlay: str
+    image_keys: object
+    key: str
+    key_pub: str
+    custom: object
+    cd: object
+    accel: str
+    cpus: int
+    memory: int
+    firmware: str
+
+
+def prepare(a):
+    """The image checked, its overlay (the OS disk), the key and the CD; a usage error for an
+    image or a shape Azure would not take."""
     a.hostname = a.hostname or a.vm_name
     a.vm_id = str(uuid.uuid4())
     image = os.path.abspath(a.image)
@@ -494,7 +518,6 @@ def run(a):
     if disk_size < size:
         raise UsageError(f"--disk-size {a.disk_size} is smaller than the image ({size} bytes)")
     image_keys = image_host_keys(image, fmt, work)
-
     if a.ssh_key:
         key, key_pub = private_key(a.ssh_key), open(a.ssh_key).read().strip()
     else:
@@ -508,86 +531,119 @@ def run(a):
     cd = None
     if not a.no_cd:
         ovf = ovf_env(a.hostname, a.user, keys=[key_pub], password=a.password, custom_data=custom,
-                         disable_password=not a.password)
+                      disable_password=not a.password)
         cd = write_cd(work, ovf, custom)
-    fabric_args = ["--bump-after-goalstate", "1"] if a.incarnation_change else []
     firmware = "UEFI, OVMF" if a.gen == "2" else "BIOS, SeaBIOS"
+    return Prepared(image, work, fmt, size, disk_size, overlay, image_keys, key, key_pub, custom, cd, accel, cpus,
+                    memory, firmware)
+
+
+def first_result(a, p):
+    """The report before the boot: what was tried, nothing seen yet."""
+    return {"image": a.image, "format": p.fmt, "gen": int(a.gen), "firmware": p.firmware, "accel": p.accel,
+            "cpus": p.cpus, "memory_mib": p.memory, "vm_id": a.vm_id, "user": a.user,
+            "ready": False, "reason": None, "t_ready_s": None, "ssh": False, "t_ssh_s": None, "hostname": None,
+            "hostname_expected": a.hostname, "key_login": False, "sudo": False, "host_keys": [],
+            "host_keys_from_image": None, "console_log": os.path.join(p.work, "console.log"),
+            "fabric_log": None, "requests": [], "cause": None, "ssh_only": a.ssh_only, "sshd": None,
+            "upload": upload_problems(p.image, p.fmt), "azprov": None}
+
+
+def watch(a, p, azure, qemu, start, result):
+    """The boot watched until Ready (or NotReady) and the first login, or the timeout, a silent
+    fabric, QEMU's end; then a #! script's outcome and, with --reboot, the power-off. Returns
+    the login and azprov's status read after the boot (either None)."""
+    progress = Progress(azure, start, a.quiet)
+    progress.say(0.0, "QEMU started")
+    sshd = SshdWatch(azure)
+    login = status_out = None
+    try:
+        while time.time() - start < a.timeout and qemu.poll() is None:
+            reqs = progress.poll()
+            ready, reason, t = report_state(reqs, start)
+            if ready is False:
+                result["reason"], result["t_ready_s"] = reason, round(t, 1)
+                break
+            # leased and sshd up, yet nothing ever asked the fabric: no agent runs, and
+            # waiting out the timeout would only say so later
+            if not reqs and progress.leased and not a.ssh_only and sshd.answered() and \
+                    time.time() - sshd.start - sshd.t_answered > SILENT_FABRIC:
+                result["silent"] = round(time.time() - start, 1)
+                break
+            # the login is tried once sshd answers (an image may start sshd before it reports)
+            if login is None:
+                login = sshd.login(azure, p.key, a.user, LOGIN)
+                if login is not None:
+                    result["ssh"], result["t_ssh_s"] = True, round(time.time() - start, 1)
+                    progress.say(result["t_ssh_s"], f"SSH: logged in as {a.user}@{GUEST_IP}")
+            if login is not None and (ready or a.ssh_only):
+                break
+            time.sleep(0.25)
+        # an image that takes SSH before it reports Ready: wait for the report too
+        while result["ssh"] and not a.ssh_only and report_state(progress.poll(), start)[0] is None \
+                and time.time() - start < a.timeout and qemu.poll() is None:
+            time.sleep(1)
+        progress.poll()
+        # a #! custom data script runs once the boot has finished: its outcome then
+        if login is not None and p.custom and p.custom.startswith(b"#!") and qemu.poll() is None:
+            after = azure.ssh(p.key, a.user, GUEST_IP, STATUS_AFTER_BOOT, timeout=180)
+            if after is not None and azprov_status(after.stdout) is not None:
+                status_out = after.stdout
+        if a.reboot and login is not None and qemu.poll() is None:
+            # the reboot is a provisioned VM's: azprov's RSA host key, made after the
+            # handover, is waited for (powered off sooner, the VM would make it again)
+            t_rsa = wait_for_late_host_key(result["console_log"], start, a.timeout, qemu)
+            if t_rsa is not None:
+                result["t_rsa_s"] = t_rsa
+                progress.say(t_rsa, "host keys: azprov's RSA key is in (made after the handover)")
+            if not power_off(azure, p.key, a.user, qemu):
+                progress.say(time.time() - start, "the VM did not power off within 120 s: QEMU killed")
+    finally:
+        sshd.close()
+        if login is None:
+            result["sshd"] = sshd.why_not()
+        if qemu.poll() is None:
+            qemu.kill()
+        qemu.wait()
+    return login, status_out
+
+
+def login_findings(result, p, login, status_out):
+    """What the first login found: the hostname, sudo, the host keys (and which are the
+    image's), azprov's status."""
+    result["hostname"] = marked(login.stdout, "HOSTNAME")
+    result["key_login"] = True
+    result["sudo"] = marked(login.stdout, "SUDO") == "yes"
+    result["azprov"] = azprov_status(status_out or login.stdout)
+    result["host_keys"] = [{"type": l.split()[-1].strip("()"), "fingerprint": l.split()[1]}
+                           for l in login.stdout.splitlines() if l.endswith(")") and "SHA256:" in l]
+    if p.image_keys is not None:
+        result["host_keys_from_image"] = sorted(k["type"] for k in result["host_keys"]
+                                                if k["fingerprint"] in p.image_keys)
+
+
+def run(a):
+    """One try: prepared, booted against a simulated Azure and watched, the report made."""
+    p = prepare(a)
+    fabric_args = ["--bump-after-goalstate", "1"] if a.incarnation_change else []
     say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    say(f"try-image: {a.image} ({fmt}, {size / 2**30:.1f} GiB; OS disk {disk_size / 2**30:.1f} GiB on {a.disk_bus}), "
-        f"Gen{a.gen}: {firmware}, {accel}, {cpus} vCPU, {memory} MiB; work: {work}")
-    result = {"image": a.image, "format": fmt, "gen": int(a.gen), "firmware": firmware, "accel": accel,
-              "cpus": cpus, "memory_mib": memory, "vm_id": a.vm_id, "user": a.user,
-              "ready": False, "reason": None, "t_ready_s": None, "ssh": False, "t_ssh_s": None, "hostname": None,
-              "hostname_expected": a.hostname, "key_login": False, "sudo": False, "host_keys": [],
-              "host_keys_from_image": None, "console_log": os.path.join(work, "console.log"),
-              "fabric_log": None, "requests": [], "cause": None, "ssh_only": a.ssh_only, "sshd": None,
-              "upload": upload_problems(image, fmt), "azprov": None}
+    say(f"try-image: {a.image} ({p.fmt}, {p.size / 2**30:.1f} GiB; OS disk {p.disk_size / 2**30:.1f} GiB on "
+        f"{a.disk_bus}), Gen{a.gen}: {p.firmware}, {p.accel}, {p.cpus} vCPU, {p.memory} MiB; work: {p.work}")
+    result = first_result(a, p)
     tag = f"t{os.getpid() % 1000}"
-    with Azure(work, tag, imds_doc(a, key_pub), playbook(a), fabric_args=fabric_args) as azure:
+    with Azure(p.work, tag, imds_doc(a, p.key_pub), playbook(a), fabric_args=fabric_args) as azure:
         result["fabric_log"] = azure.fabric_log
-        cmd = azure.inside(*qemu_command(a, work, overlay, cd, accel, cpus, memory))
-        with open(os.path.join(work, "qemu.cmd"), "w") as f:
+        cmd = azure.inside(*qemu_command(a, p.work, p.overlay, p.cd, p.accel, p.cpus, p.memory))
+        with open(os.path.join(p.work, "qemu.cmd"), "w") as f:
             f.write(" ".join(cmd) + "\n")
         start = time.time()
         qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=open(os.path.join(work, "qemu.stderr"), "w"))
-        progress = Progress(azure, start, a.quiet)
-        progress.say(0.0, "QEMU started")
-        sshd = SshdWatch(azure)
-        login = None
-        status_out = None
-        try:
-            while time.time() - start < a.timeout and qemu.poll() is None:
-                reqs = progress.poll()
-                ready, reason, t = report_state(reqs, start)
-                if ready is False:
-                    result["reason"], result["t_ready_s"] = reason, round(t, 1)
-                    break
-                # leased and sshd up, yet nothing ever asked the fabric: no agent runs, and
-                # waiting out the timeout would only say so later
-                if not reqs and progress.leased and not a.ssh_only and sshd.answered() and \
-                        time.time() - sshd.start - sshd.t_answered > SILENT_FABRIC:
-                    result["silent"] = round(time.time() - start, 1)
-                    break
-                # the login is tried once sshd answers (an image may start sshd before it
-                # reports)
-                if login is None:
-                    login = sshd.login(azure, key, a.user, LOGIN)
-                    if login is not None:
-                        result["ssh"], result["t_ssh_s"] = True, round(time.time() - start, 1)
-                        progress.say(result["t_ssh_s"], f"SSH: logged in as {a.user}@{GUEST_IP}")
-                if login is not None and (ready or a.ssh_only):
-                    break
-                time.sleep(0.25)
-            # an image that takes SSH before it reports Ready: wait for the report too
-            while result["ssh"] and not a.ssh_only and report_state(progress.poll(), start)[0] is None \
-                    and time.time() - start < a.timeout and qemu.poll() is None:
-                time.sleep(1)
-            progress.poll()
-            # a #! custom data script runs once the boot has finished: its outcome then
-            if login is not None and custom and custom.startswith(b"#!") and qemu.poll() is None:
-                after = azure.ssh(key, a.user, GUEST_IP, STATUS_AFTER_BOOT, timeout=180)
-                if after is not None and azprov_status(after.stdout) is not None:
-                    status_out = after.stdout
-            if a.reboot and login is not None and qemu.poll() is None:
-                # the reboot is a provisioned VM's: azprov's RSA host key, made after the
-                # handover, is waited for (powered off sooner, the VM would make it again)
-                t_rsa = wait_for_late_host_key(result["console_log"], start, a.timeout, qemu)
-                if t_rsa is not None:
-                    result["t_rsa_s"] = t_rsa
-                    progress.say(t_rsa, "host keys: azprov's RSA key is in (made after the handover)")
-                if not power_off(azure, key, a.user, qemu):
-                    progress.say(time.time() - start, "the VM did not power off within 120 s: QEMU killed")
-        finally:
-            sshd.close()
-            if login is None:
-                result["sshd"] = sshd.why_not()
-            if qemu.poll() is None:
-                qemu.kill()
-            qemu.wait()
+                                stderr=open(os.path.join(p.work, "qemu.stderr"), "w"))
+        login, status_out = watch(a, p, azure, qemu, start, result)
         first_requests = len(azure.requests())
         if a.reboot and login is not None:
-            result["reboot"] = reboot(a, work, overlay, cd, accel, cpus, memory, azure, key, first_requests)
+            result["reboot"] = reboot(a, p.work, p.overlay, p.cd, p.accel, p.cpus, p.memory, azure, p.key,
+                                      first_requests)
         reqs = azure.requests()[:first_requests]
         ready, reason, t = report_state(reqs, start)
         result["ready"] = bool(ready)
@@ -595,18 +651,10 @@ def run(a):
             result["reason"], result["t_ready_s"] = reason, round(t, 1)
         result["requests"] = request_rows(reqs, start)
     if login is not None:
-        result["hostname"] = marked(login.stdout, "HOSTNAME")
-        result["key_login"] = True
-        result["sudo"] = marked(login.stdout, "SUDO") == "yes"
-        result["azprov"] = azprov_status(status_out or login.stdout)
-        result["host_keys"] = [{"type": l.split()[-1].strip("()"), "fingerprint": l.split()[1]}
-                               for l in login.stdout.splitlines() if l.endswith(")") and "SHA256:" in l]
-        if image_keys is not None:
-            result["host_keys_from_image"] = sorted(k["type"] for k in result["host_keys"]
-                                                    if k["fingerprint"] in image_keys)
+        login_findings(result, p, login, status_out)
     result["cause"] = cause(result, a, qemu.returncode)
     if not a.keep_disk:
-        os.remove(overlay)
+        os.remove(p.overlay)
     return result
 
 
