@@ -17,6 +17,67 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Instant;
 
+/// Why growroot grew nothing, or stopped partway (a skip is not a failure of the run).
+#[derive(Debug)]
+pub enum GrowError {
+    /// A call on a file failed: the call, the file, why.
+    File(&'static str, String, std::io::Error),
+    /// An ioctl on the root failed: what it did, the root's device, why.
+    Ioctl(&'static str, String, Errno),
+    /// The root's device number names no block device in sysfs.
+    NotBlock(u64, u64),
+    /// device-mapper (LVM or LUKS).
+    DeviceMapper(String),
+    /// sysfs gives no size for the disk or partition.
+    NoSize(String),
+    /// The table cannot be grown as it is.
+    Skip(String, Skip),
+    /// The superblock of this type could not be read, or names several devices (btrfs).
+    Superblock(&'static str),
+    /// No filesystem azprov recognises on the device.
+    Unknown(String),
+    /// A filesystem azprov does not grow, and no partition grew.
+    Unsupported(String, &'static str),
+    /// Nothing to gain.
+    Full(String),
+}
+
+impl std::fmt::Display for GrowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrowError::File(call, file, e) => write!(f, "{call} {file}: {e}"),
+            GrowError::Ioctl(what, name, e) => write!(f, "{what} {name}: {e}"),
+            GrowError::NotBlock(maj, min) => {
+                write!(f, "{maj}:{min} is not a block device (a virtual root?)")
+            }
+            GrowError::DeviceMapper(name) => {
+                write!(f, "{name} is device-mapper (LVM or LUKS): not grown")
+            }
+            GrowError::NoSize(name) => write!(f, "no size for {name}"),
+            GrowError::Skip(name, skip) => write!(f, "{name}: {skip}; not grown"),
+            GrowError::Superblock("btrfs") => {
+                f.write_str("btrfs on more than one device (or an unreadable superblock)")
+            }
+            GrowError::Superblock(fs) => write!(f, "cannot read the {fs} superblock"),
+            GrowError::Unknown(name) => write!(f, "{name}: no filesystem azprov recognises"),
+            GrowError::Unsupported(name, fs) => {
+                write!(f, "{name} holds {fs}, which azprov does not grow")
+            }
+            GrowError::Full(name) => write!(f, "{name} fills its disk already"),
+        }
+    }
+}
+
+impl std::error::Error for GrowError {}
+
+/// A failed call on `file` as a [`GrowError`].
+fn file_err<'a>(
+    call: &'static str,
+    file: &'a Path,
+) -> impl FnOnce(std::io::Error) -> GrowError + 'a {
+    move |e| GrowError::File(call, file.display().to_string(), e)
+}
+
 /// The root's block device as sysfs knows it.
 struct Dev {
     name: String,
@@ -40,20 +101,19 @@ fn mount_source(mount: &Path) -> Option<std::path::PathBuf> {
     })
 }
 
-fn sysfs_dev(mount: &Path, sys: &Path) -> Result<Dev, String> {
-    let st = std::fs::metadata(mount).map_err(|e| format!("stat {}: {e}", mount.display()))?;
+fn sysfs_dev(mount: &Path, sys: &Path) -> Result<Dev, GrowError> {
+    let st = std::fs::metadata(mount).map_err(file_err("stat", mount))?;
     let mut id = st.dev();
     if nix::sys::stat::major(id) == 0 {
         if let Some(source) = mount_source(mount) {
             id = std::fs::metadata(&source)
-                .map_err(|e| format!("stat {}: {e}", source.display()))?
+                .map_err(file_err("stat", &source))?
                 .rdev();
         }
     }
     let (maj, min) = (nix::sys::stat::major(id), nix::sys::stat::minor(id));
     let link = sys.join(format!("dev/block/{maj}:{min}"));
-    let path = std::fs::canonicalize(&link)
-        .map_err(|_| format!("{maj}:{min} is not a block device (a virtual root?)"))?;
+    let path = std::fs::canonicalize(&link).map_err(|_| GrowError::NotBlock(maj, min))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -144,17 +204,15 @@ fn logical_block_size(sys: &Path, disk: &str) -> u64 {
 /// Writes `writes` to `disk` in their order, each direct and synced: the table's writes
 /// bypass the disk's page cache, so each goes out as exactly its own sectors, never as a
 /// 4 KiB page that carries neighbours from a cache the partition's filesystem does not share.
-fn write_in_order(disk: &Path, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+fn write_in_order(disk: &Path, writes: &[(u64, Vec<u8>)]) -> Result<(), GrowError> {
     let direct = File::options()
         .write(true)
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(disk)
-        .map_err(|e| format!("open {} for direct writes: {e}", disk.display()))?;
+        .map_err(file_err("open (O_DIRECT)", disk))?;
     for (at, bytes) in writes {
-        write_direct(&direct, bytes, *at).map_err(|e| format!("write {}: {e}", disk.display()))?;
-        direct
-            .sync_data()
-            .map_err(|e| format!("sync {}: {e}", disk.display()))?;
+        write_direct(&direct, bytes, *at).map_err(file_err("write", disk))?;
+        direct.sync_data().map_err(file_err("sync", disk))?;
     }
     Ok(())
 }
@@ -167,9 +225,9 @@ trait DiskCalls {
     /// `len` bytes at `at`, None when they cannot be read.
     fn read(&mut self, at: u64, len: usize) -> Option<Vec<u8>>;
     /// The writes in their order, each direct and synced.
-    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String>;
+    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), GrowError>;
     /// BLKPG: partition `number` now spans `length` bytes from `start`.
-    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String>;
+    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), Errno>;
 }
 
 /// The disk device itself.
@@ -184,13 +242,12 @@ impl DiskCalls for Disk<'_> {
         self.file.read_exact_at(&mut b, at).ok().map(|_| b)
     }
 
-    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+    fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), GrowError> {
         write_in_order(self.path, writes)
     }
 
-    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String> {
+    fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), Errno> {
         crate::sys::block::resize_partition(&self.file, number as i32, start, length)
-            .map_err(|e| e.to_string())
     }
 }
 
@@ -203,7 +260,7 @@ fn grow_partition(
     name: &str,
     number: u32,
     mut writable: impl FnMut(),
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, GrowError> {
     let fix = grow::restore(&mut |at, len| disk.read(at, len), table.bytes, table.sector);
     if let Some(fix) = fix {
         writable();
@@ -223,7 +280,7 @@ fn grow_partition(
     let plan = match plan {
         Ok(plan) => plan,
         Err(Skip::Little(_)) => return Ok(None),
-        Err(skip) => return Err(format!("{name}: {skip}; not grown")),
+        Err(skip) => return Err(GrowError::Skip(name.to_string(), skip)),
     };
     writable();
     let t = Instant::now();
@@ -232,7 +289,7 @@ fn grow_partition(
     }
     disk.write(&plan.writes)?;
     disk.resize_partition(number, plan.start * plan.sector, plan.sectors * plan.sector)
-        .map_err(|e| format!("BLKPG resize of {name}: {e}"))?;
+        .map_err(|e| GrowError::Ioctl("BLKPG resize of", name.to_string(), e))?;
     Ok(Some(format!(
         "partition {name} +{} MiB ({}) in {} ms",
         plan.gain >> 20,
@@ -278,7 +335,8 @@ pub fn restore_tables(
             continue;
         };
         match calls.write(&fix).and_then(|()| {
-            crate::sys::block::reread_partitions(&calls.file).map_err(|e| e.to_string())
+            crate::sys::block::reread_partitions(&calls.file)
+                .map_err(|e| GrowError::Ioctl("BLKRRPART on", disk.clone(), e))
         }) {
             Ok(()) => {
                 log::warn!(
@@ -360,11 +418,11 @@ fn grow_filesystem(
     bytes: u64,
     fs: &mut impl FsCalls,
     mut writable: impl FnMut(),
-) -> Result<Grown, String> {
+) -> Result<Grown, GrowError> {
     // each timed from its first change (after `writable`)
     let (kind, from, to, t) = match fs.fstype() {
         Some("ext4") => {
-            let (bs, blocks) = fs.ext4_blocks().ok_or("cannot read the ext4 superblock")?;
+            let (bs, blocks) = fs.ext4_blocks().ok_or(GrowError::Superblock("ext4"))?;
             let target = bytes / bs;
             if target <= blocks || (target - blocks) * bs < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
@@ -372,13 +430,13 @@ fn grow_filesystem(
             writable();
             let t = Instant::now();
             fs.ext4_resize(target)
-                .map_err(|e| format!("ext4 resize of {name}: {e}"))?;
+                .map_err(|e| GrowError::Ioctl("ext4 resize of", name.to_string(), e))?;
             ("ext4", blocks * bs, target * bs, t)
         }
         Some("xfs") => {
             let geo = fs
                 .xfs_geometry()
-                .map_err(|e| format!("xfs geometry of {name}: {e}"))?;
+                .map_err(|e| GrowError::Ioctl("xfs geometry of", name.to_string(), e))?;
             let bs = u64::from(geo.block_size.max(512));
             let target = bytes / bs;
             if target <= geo.data_blocks || (target - geo.data_blocks) * bs < grow::MIN_GAIN {
@@ -387,29 +445,28 @@ fn grow_filesystem(
             writable();
             let t = Instant::now();
             fs.xfs_grow(target, geo.imaxpct)
-                .map_err(|e| format!("xfs grow of {name}: {e}"))?;
+                .map_err(|e| GrowError::Ioctl("xfs grow of", name.to_string(), e))?;
             // the grow is committed to the log only; a 6.1 kernel that must replay it after a
             // power cut refuses the mount (EUCLEAN: the new AGs' buffers lie beyond the old
             // superblock's size). A freeze writes it home and quiesces the log.
-            fs.freeze_thaw()
-                .map_err(|e| format!("xfs freeze after the grow of {name}: {e}"))?;
+            fs.freeze_thaw().map_err(|e| {
+                GrowError::Ioctl("xfs freeze after the grow of", name.to_string(), e)
+            })?;
             ("xfs", geo.data_blocks * bs, target * bs, t)
         }
         Some("btrfs") => {
-            let size = fs
-                .btrfs_bytes()
-                .ok_or("btrfs on more than one device (or an unreadable superblock)")?;
+            let size = fs.btrfs_bytes().ok_or(GrowError::Superblock("btrfs"))?;
             if bytes <= size || bytes - size < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
             }
             writable();
             let t = Instant::now();
             fs.btrfs_resize_max()
-                .map_err(|e| format!("btrfs resize of {name}: {e}"))?;
+                .map_err(|e| GrowError::Ioctl("btrfs resize of", name.to_string(), e))?;
             ("btrfs", size, bytes, t)
         }
         Some(other) => return Ok(Grown::Unsupported(other)),
-        None => return Err(format!("{name}: no filesystem azprov recognises")),
+        None => return Err(GrowError::Unknown(name.to_string())),
     };
     Ok(Grown::Done(format!(
         "{kind} {} MiB -> {} MiB in {} ms",
@@ -421,19 +478,16 @@ fn grow_filesystem(
 
 /// Grows the root mounted at `mount` (its devices under `dev`, sysfs at `sys`). `writable` is
 /// called once, and its guard held, only when something is to grow. Ok: what was done, one line.
-/// Err: why nothing was (a skip is not a failure of the run).
+/// Err: why nothing was, or what stopped it.
 pub fn run<G>(
     mount: &Path,
     sys: &Path,
     dev: &Path,
     writable: impl Fn() -> G,
-) -> Result<String, String> {
+) -> Result<String, GrowError> {
     let d = sysfs_dev(mount, sys)?;
     if d.name.starts_with("dm-") {
-        return Err(format!(
-            "{} is device-mapper (LVM or LUKS): not grown",
-            d.name
-        ));
+        return Err(GrowError::DeviceMapper(d.name));
     }
     let mut done = Vec::new();
     let mut guard = None;
@@ -441,14 +495,14 @@ pub fn run<G>(
         let disk_path = dev.join(disk);
         let table = Table {
             disk: &disk_path,
-            bytes: sectors(sys, disk).ok_or(format!("no size for {disk}"))? * 512,
+            bytes: sectors(sys, disk).ok_or_else(|| GrowError::NoSize(disk.clone()))? * 512,
             sector: logical_block_size(sys, disk),
         };
         let file = File::options()
             .read(true)
             .write(true)
             .open(&disk_path)
-            .map_err(|e| format!("open {}: {e}", disk_path.display()))?;
+            .map_err(file_err("open", &disk_path))?;
         let mut calls = Disk {
             path: &disk_path,
             file,
@@ -461,11 +515,11 @@ pub fn run<G>(
     }
     // the filesystem, to what its device holds now (also after a boot cut short between the
     // partition and the filesystem)
-    let part_bytes = sectors(sys, &d.name).ok_or(format!("no size for {}", d.name))? * 512;
+    let part_bytes = sectors(sys, &d.name).ok_or_else(|| GrowError::NoSize(d.name.clone()))? * 512;
     // each filesystem's grow ioctl goes to its mounted root
     let mut fs = MountedFs {
         node: &dev.join(&d.name),
-        dir: File::open(mount).map_err(|e| format!("open {}: {e}", mount.display()))?,
+        dir: File::open(mount).map_err(file_err("open", mount))?,
     };
     match grow_filesystem(&d.name, part_bytes, &mut fs, || {
         guard.get_or_insert_with(&writable);
@@ -473,16 +527,13 @@ pub fn run<G>(
         Grown::Done(line) => done.push(line),
         Grown::Nothing => {}
         Grown::Unsupported(other) if done.is_empty() => {
-            return Err(format!(
-                "{} holds {other}, which azprov does not grow",
-                d.name
-            ));
+            return Err(GrowError::Unsupported(d.name, other));
         }
         Grown::Unsupported(other) => done.push(format!("{other} not grown (not supported)")),
     }
     drop(guard);
     if done.is_empty() {
-        return Err(format!("{} fills its disk already", d.name));
+        return Err(GrowError::Full(d.name));
     }
     Ok(done.join("; "))
 }
@@ -564,12 +615,13 @@ mod tests {
                 .get(at as usize..at as usize + len)
                 .map(<[u8]>::to_vec)
         }
-        fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), String> {
+        fn write(&mut self, writes: &[(u64, Vec<u8>)]) -> Result<(), GrowError> {
             self.log
                 .borrow_mut()
                 .push(format!("write {}", writes.len()));
             if self.fail == Some("write") {
-                return Err("write: EIO".into());
+                let eio = std::io::Error::from_raw_os_error(libc::EIO);
+                return Err(GrowError::File("write", "/dev/sdz".into(), eio));
             }
             for (at, bytes) in writes {
                 let at = *at as usize;
@@ -577,12 +629,12 @@ mod tests {
             }
             Ok(())
         }
-        fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), String> {
+        fn resize_partition(&mut self, number: u32, start: u64, length: u64) -> Result<(), Errno> {
             self.log
                 .borrow_mut()
                 .push(format!("blkpg {number} {start} {length}"));
             match self.fail {
-                Some("blkpg") => Err("EBUSY".into()),
+                Some("blkpg") => Err(Errno::EBUSY),
                 _ => Ok(()),
             }
         }
@@ -637,7 +689,7 @@ mod tests {
             log.borrow_mut().push("writable".into())
         });
         let image = disk.image;
-        (r, log.into_inner(), image)
+        (r.map_err(|e| e.to_string()), log.into_inner(), image)
     }
 
     #[test]
@@ -668,11 +720,17 @@ mod tests {
     #[test]
     fn a_failed_write_stops_before_blkpg_and_a_failed_blkpg_is_the_error() {
         let (r, calls, _) = partition_calls(gpt_image(64), 64, Some("write"));
-        assert_eq!(r, Err("write: EIO".into()));
+        assert!(
+            r.as_ref().is_err_and(|e| e.starts_with("write /dev/sdz: ")),
+            "{r:?}"
+        );
         assert_eq!(calls.len(), 2, "{calls:?}");
         assert!(calls[1].starts_with("write "), "{calls:?}");
         let (r, calls, _) = partition_calls(gpt_image(64), 64, Some("blkpg"));
-        assert_eq!(r, Err("BLKPG resize of sdz2: EBUSY".into()));
+        assert_eq!(
+            r,
+            Err("BLKPG resize of sdz2: EBUSY: Device or resource busy".into())
+        );
         assert_eq!(calls.last().map(|c| &c[..5]), Some("blkpg"));
     }
 
@@ -775,7 +833,7 @@ mod tests {
             },
             || log.borrow_mut().push("writable".into()),
         );
-        (r, log.into_inner())
+        (r.map_err(|e| e.to_string()), log.into_inner())
     }
 
     #[test]

@@ -184,7 +184,7 @@ pub fn run(sys: &Path, dev: &Path, disk: &str, cfg: &ResourceDisk) -> Outcome {
         (State::Formatted(device, fstype), _, _) => {
             return match mount_at(&device, fstype, &mount) {
                 Ok(()) => Outcome::Mounted { device, mount },
-                Err(e) => Outcome::Untouched(e),
+                Err(e) => Outcome::Untouched(e.to_string()),
             }
         }
         (State::AzureNtfs(part), Some(Kind::Resource), _) | (State::AzureNtfs(part), _, true) => {
@@ -200,14 +200,14 @@ pub fn run(sys: &Path, dev: &Path, disk: &str, cfg: &ResourceDisk) -> Outcome {
         }
     };
     if let Err(e) = format(&target, cfg.fstype) {
-        return Outcome::Untouched(e);
+        return Outcome::Untouched(e.to_string());
     }
     match mount_at(&target, cfg.fstype, &mount) {
         Ok(()) => Outcome::Formatted {
             device: target,
             mount,
         },
-        Err(e) => Outcome::Untouched(e),
+        Err(e) => Outcome::Untouched(e.to_string()),
     }
 }
 
@@ -220,10 +220,43 @@ fn describe(s: &State) -> String {
     }
 }
 
+/// Why a disk examined as Azure's blank handover could not be formatted or mounted.
+#[derive(Debug)]
+pub enum ResourceError {
+    Clear(PathBuf, std::io::Error),
+    NoMkfs(&'static str, std::io::Error),
+    Mkfs(&'static str, PathBuf, String),
+    MountPoint(PathBuf, std::io::Error),
+    Busy(PathBuf),
+    Mount(PathBuf, PathBuf, crate::sys::Errno),
+}
+
+impl std::fmt::Display for ResourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResourceError::Clear(p, e) => {
+                write!(f, "cannot clear the start of {}: {e}", p.display())
+            }
+            ResourceError::NoMkfs(tool, e) => write!(f, "cannot run {tool}: {e}"),
+            ResourceError::Mkfs(tool, p, said) => {
+                write!(f, "{tool} {} failed: {said}", p.display())
+            }
+            ResourceError::MountPoint(p, e) => write!(f, "cannot make {}: {e}", p.display()),
+            ResourceError::Busy(p) => {
+                write!(f, "{} has a filesystem mounted on it already", p.display())
+            }
+            ResourceError::Mount(d, m, e) => {
+                write!(f, "cannot mount {} on {}: {e}", d.display(), m.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ResourceError {}
+
 /// mkfs of the root: the start zeroed first, so no NTFS boot sector stays for blkid to see.
-fn format(target: &Path, fstype: &str) -> Result<(), String> {
-    block::zero_start(target, 64 * 1024)
-        .map_err(|e| format!("cannot clear the start of {}: {e}", target.display()))?;
+fn format(target: &Path, fstype: &str) -> Result<(), ResourceError> {
+    block::zero_start(target, 64 * 1024).map_err(|e| ResourceError::Clear(target.into(), e))?;
     let (tool, force) = if fstype == "xfs" {
         ("mkfs.xfs", "-f")
     } else {
@@ -234,14 +267,10 @@ fn format(target: &Path, fstype: &str) -> Result<(), String> {
         .arg(target)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {tool}: {e}"))?;
+        .map_err(|e| ResourceError::NoMkfs(tool, e))?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "{tool} {} failed: {}",
-            target.display(),
-            err.trim()
-        ));
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(ResourceError::Mkfs(tool, target.into(), err));
     }
     log::info!(
         "resource disk: {} formatted ({fstype}, label {LABEL})",
@@ -252,40 +281,20 @@ fn format(target: &Path, fstype: &str) -> Result<(), String> {
 
 /// Mounts `device` at `mount` (made if missing, 0755), read-write; a mount point already in
 /// use is left as it is.
-fn mount_at(device: &Path, fstype: &str, mount: &Path) -> Result<(), String> {
+fn mount_at(device: &Path, fstype: &str, mount: &Path) -> Result<(), ResourceError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(mount)
-        .map_err(|e| format!("cannot make {}: {e}", mount.display()))?;
+        .map_err(|e| ResourceError::MountPoint(mount.into(), e))?;
     let dev_of = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
     if dev_of(mount) != mount.parent().and_then(dev_of) {
-        return Err(format!(
-            "{} has a filesystem mounted on it already",
-            mount.display()
-        ));
+        return Err(ResourceError::Busy(mount.into()));
     }
-    crate::sys::mount::mount(
-        device,
-        mount,
-        fstype,
-        crate::sys::mount::MsFlags::empty(),
-        None,
-    )
-    .map_err(|e| {
-        format!(
-            "cannot mount {} on {}: {e}",
-            device.display(),
-            mount.display()
-        )
-    })?;
-    log::info!(
-        "resource disk: {} mounted on {}",
-        device.display(),
-        mount.display()
-    );
-    Ok(())
+    let flags = crate::sys::mount::MsFlags::empty();
+    crate::sys::mount::mount(device, mount, fstype, flags, None)
+        .map_err(|e| ResourceError::Mount(device.into(), mount.into(), e))
 }
 
 #[cfg(test)]

@@ -85,11 +85,46 @@ impl Record {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn save(&self, root: &Sysroot) -> Result<(), String> {
-        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        root.write_state(FILE, &json).map_err(|e| e.to_string())
+    fn save(&self, root: &Sysroot) -> Result<(), ScriptError> {
+        let json = serde_json::to_vec_pretty(self).unwrap_or_default();
+        root.write_state(FILE, &json).map_err(ScriptError::Record)
     }
 }
+
+/// Why a script did not run, or its run could not be recorded; never quoting the data
+/// (custom data is a secret).
+#[derive(Debug)]
+pub enum ScriptError {
+    /// The script's file could not be read.
+    Read(std::io::Error),
+    /// Its `#!` line ends in a carriage return: CRLF line ends, which the kernel refuses.
+    CrLf,
+    NoInterpreter,
+    /// The interpreter its `#!` names did not start.
+    Start(std::io::Error),
+    /// It ended with neither an exit code nor a signal.
+    NoStatus(String),
+    /// scripts.json could not be written, or the data's path resolved.
+    Record(super::sysroot::WriteError),
+}
+
+impl std::fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScriptError::Read(e) => write!(f, "it cannot be read: {e}"),
+            ScriptError::CrLf => f.write_str(
+                "its #! line ends in a carriage return (CRLF line ends: saved on Windows?); \
+                 convert it to LF line ends",
+            ),
+            ScriptError::NoInterpreter => f.write_str("its #! names no interpreter"),
+            ScriptError::Start(e) => write!(f, "the interpreter its #! names did not start: {e}"),
+            ScriptError::NoStatus(s) => write!(f, "it ended as no exit status says: {s}"),
+            ScriptError::Record(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScriptError {}
 
 /// What one source is.
 #[derive(Debug, PartialEq, Eq)]
@@ -117,8 +152,8 @@ pub fn kind(data: &[u8]) -> Kind {
 /// returns its exit status. Returns what it did, one line each.
 pub fn run_once(
     root: &Sysroot,
-    run: &dyn Fn(&Path) -> Result<Ended, String>,
-) -> Result<Vec<String>, String> {
+    run: &dyn Fn(&Path) -> Result<Ended, ScriptError>,
+) -> Result<Vec<String>, ScriptError> {
     if root.exists(OFF) {
         return Ok(vec![format!("scripts are off ({OFF} exists)")]);
     }
@@ -178,7 +213,7 @@ pub fn run_once(
         record.save(root)?;
         let path = root
             .resolve(&format!("{STATE_DIR}/{source}"))
-            .map_err(|e| e.to_string())?;
+            .map_err(ScriptError::Record)?;
         let exit = run(&path);
         let ran = record.ran.entry(source.to_string()).or_default();
         ran.finished_at = Some(crate::time::now_rfc3339());
@@ -203,32 +238,28 @@ pub fn run_once(
 /// interpreter as its argument. A `#!` line with a carriage return (a script saved with CRLF
 /// line ends) is refused, as the kernel, cloud-init and waagent refuse it: `/bin/sh\r` names
 /// no interpreter. The error never quotes the data (custom data is a secret).
-pub fn execute(path: &Path) -> Result<Ended, String> {
+pub fn execute(path: &Path) -> Result<Ended, ScriptError> {
     use std::os::unix::process::ExitStatusExt;
-    let data = std::fs::read(path).map_err(|e| e.to_string())?;
+    let data = std::fs::read(path).map_err(ScriptError::Read)?;
     let first = data.split(|&b| b == b'\n').next().unwrap_or_default();
     if first.contains(&b'\r') {
-        return Err(
-            "its #! line ends in a carriage return (CRLF line ends: saved on \
-                    Windows?); convert it to LF line ends"
-                .into(),
-        );
+        return Err(ScriptError::CrLf);
     }
     let line = String::from_utf8_lossy(first.get(2..).unwrap_or_default())
         .trim()
         .to_string();
     let mut words = line.split_whitespace();
-    let interpreter = words.next().ok_or("its #! names no interpreter")?;
+    let interpreter = words.next().ok_or(ScriptError::NoInterpreter)?;
     let status = std::process::Command::new(interpreter)
         .args(words)
         .arg(path)
         .stdin(std::process::Stdio::null())
         .status()
-        .map_err(|e| format!("the interpreter its #! names did not start: {e}"))?;
+        .map_err(ScriptError::Start)?;
     match (status.code(), status.signal()) {
         (Some(code), _) => Ok(Ended::Exit(code)),
         (None, Some(sig)) => Ok(Ended::Signal(sig)),
-        (None, None) => Err(format!("it ended as no exit status says: {status}")),
+        (None, None) => Err(ScriptError::NoStatus(status.to_string())),
     }
 }
 
@@ -302,7 +333,7 @@ mod tests {
     #[test]
     fn nothing_runs_on_a_vm_azprov_did_not_provision() {
         let (d, root) = root_with(&[("customdata", "#!/bin/sh\necho hi\n")]);
-        let run = |_: &Path| -> Result<Ended, String> { panic!("ran") };
+        let run = |_: &Path| -> Result<Ended, ScriptError> { panic!("ran") };
         let said = run_once(&root, &run).unwrap();
         assert!(said[0].contains("not provisioned by azprov"));
         let _ = std::fs::remove_dir_all(&d);
@@ -318,7 +349,7 @@ mod tests {
             ("customdata", "#!/bin/sh\necho A-SECRET\n"),
             ("x", ""),
         ]);
-        let run = |_: &Path| -> Result<Ended, String> { panic!("an earlier VM's script ran") };
+        let run = |_: &Path| -> Result<Ended, ScriptError> { panic!("an earlier VM's script ran") };
         let said = run_once(&root, &run).unwrap();
         assert!(said[0].contains("the last run was for VM vm-b"), "{said:?}");
         assert!(!said[0].contains("A-SECRET"));
@@ -362,7 +393,7 @@ mod tests {
     #[test]
     fn a_crlf_script_is_refused_as_the_kernel_refuses_it_and_its_text_is_not_quoted() {
         let (d, s) = script("crlf", "#!/bin/sh\r\ntouch \"$(dirname \"$0\")/made\"\r\n");
-        let e = execute(&s).unwrap_err();
+        let e = execute(&s).unwrap_err().to_string();
         assert!(e.contains("carriage return"), "{e}");
         assert!(!e.contains("/bin/sh") && !e.contains("touch"), "{e}");
         assert!(!d.join("made").exists(), "it ran");
@@ -372,7 +403,7 @@ mod tests {
     #[test]
     fn an_interpreter_that_is_not_there_is_said_without_quoting_it() {
         let (d, s) = script("noint", "#!/nonexistent/SECRET-WORD -x\necho hi\n");
-        let e = execute(&s).unwrap_err();
+        let e = execute(&s).unwrap_err().to_string();
         assert!(
             e.starts_with("the interpreter its #! names did not start"),
             "{e}"

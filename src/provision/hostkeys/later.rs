@@ -203,7 +203,7 @@ fn cleaned(state: Option<&File>) -> bool {
 
 /// The helper's entry (`azprov __host-key-rsa`, started by [`spawn`]): the job from its
 /// arguments, the directories from its descriptors.
-pub fn main(job: &Job) -> Result<(), String> {
+pub fn main(job: &Job) -> Result<(), HelperError> {
     // the booted system's start (sshd, the first login) hardly shares the CPU with it: idle
     // priority (its session was weighed as nice 19 by the parent), and the search begins once
     // that start is over
@@ -214,15 +214,15 @@ pub fn main(job: &Job) -> Result<(), String> {
         None => false,
     };
     log::info!(
-        "host keys: the rsa search begins {:.1} s after the helper's start ({})",
-        t.elapsed().as_secs_f64(),
+        "host keys: the rsa search begins {} s after the helper's start ({})",
+        crate::time::secs(t.elapsed()),
         if quiet {
             "the CPUs were idle"
         } else {
             "the CPUs were not seen idle; it runs at idle priority"
         }
     );
-    let ssh = crate::sys::process::inherited(SSH_FD).ok_or("no /etc/ssh handle")?;
+    let ssh = crate::sys::process::inherited(SSH_FD).ok_or(HelperError::NoSshDir)?;
     let run_dir = crate::sys::process::inherited(RUN_FD);
     let proc = crate::sys::process::inherited(PROC_FD);
     let state = crate::sys::process::inherited(STATE_FD);
@@ -253,6 +253,49 @@ pub struct Job {
     pub lines: Vec<String>,
 }
 
+/// Why the helper put no key in place, or could not record or read one.
+#[derive(Debug)]
+pub enum HelperError {
+    /// The parent handed down no /etc/ssh descriptor.
+    NoSshDir,
+    /// The key could not be made or encoded.
+    Key(String),
+    /// `azprov clean` ran while the key was made.
+    Cleaned,
+    /// A step on a file failed: the step, the file, why.
+    File(&'static str, String, std::io::Error),
+    /// state.json does not parse.
+    State(serde_json::Error),
+    /// The key's .pub is not an OpenSSH public key of a type the helper reads.
+    UnknownPub,
+}
+
+impl std::fmt::Display for HelperError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelperError::NoSshDir => f.write_str("no /etc/ssh handle"),
+            HelperError::Key(e) => write!(f, "the rsa key: {e}"),
+            HelperError::Cleaned => write!(
+                f,
+                "the root was cleaned (azprov clean) while the rsa key was made: none written to {SSH_DIR}"
+            ),
+            HelperError::File(op, file, e) => write!(f, "{op} {file}: {e}"),
+            HelperError::State(e) => write!(f, "state.json does not parse: {e}"),
+            HelperError::UnknownPub => write!(f, "{KEY}.pub: not an OpenSSH public key of a type it knows"),
+        }
+    }
+}
+
+impl std::error::Error for HelperError {}
+
+/// A failed step on `file` as a [`HelperError`].
+fn file_err<'a, E: Into<std::io::Error>>(
+    op: &'static str,
+    file: &'a str,
+) -> impl FnOnce(E) -> HelperError + 'a {
+    move |e| HelperError::File(op, file.to_string(), e.into())
+}
+
 /// The helper: makes the key, writes it into `ssh` (a handle on the root's /etc/ssh), adds
 /// its fingerprint to state.json in `state`, reloads the sshd `sshd` finds, and prints the
 /// fingerprint block. Errors are logged; the image's other keys stay either way.
@@ -261,9 +304,9 @@ pub fn run(
     ssh: &File,
     sshd: Option<SshdDirs>,
     state: Option<&File>,
-) -> Result<String, String> {
+) -> Result<String, HelperError> {
     let t = Instant::now();
-    let key = rsa_now().map_err(|e| e.to_string())?;
+    let key = rsa_now().map_err(|e| HelperError::Key(e.to_string()))?;
     publish(job, key, t.elapsed(), ssh, sshd, state)
 }
 
@@ -276,15 +319,18 @@ fn publish(
     ssh: &File,
     sshd: Option<SshdDirs>,
     state: Option<&File>,
-) -> Result<String, String> {
+) -> Result<String, HelperError> {
     key.set_comment(&job.comment);
     if cleaned(state) {
-        return Err(format!(
-            "the root was cleaned (azprov clean) while the rsa key was made: none written to {SSH_DIR}"
-        ));
+        return Err(HelperError::Cleaned);
     }
-    let private = key.to_openssh(LineEnding::LF).map_err(|e| e.to_string())?;
-    let public = key.public_key().to_openssh().map_err(|e| e.to_string())?;
+    let private = key
+        .to_openssh(LineEnding::LF)
+        .map_err(|e| HelperError::Key(e.to_string()))?;
+    let public = key
+        .public_key()
+        .to_openssh()
+        .map_err(|e| HelperError::Key(e.to_string()))?;
     let ours = fingerprint_line(KeyType::Rsa, &key, &job.comment);
     let deadline = Instant::now() + WRITABLE_WAIT;
     // the key only if none is there: the booted system's own generator (Fedora's
@@ -307,7 +353,7 @@ fn publish(
             Publish::Replace,
             deadline,
         )?;
-        ssh.sync_all().map_err(|e| format!("fsync /etc/ssh: {e}"))?;
+        ssh.sync_all().map_err(file_err("fsync", SSH_DIR))?;
         log::info!(
             "host keys: rsa made in {} ms and written to {SSH_DIR}",
             took.as_millis()
@@ -402,7 +448,7 @@ fn write_at(
     (mode, label): (u32, Option<&[u8]>),
     publish: Publish,
     deadline: Instant,
-) -> Result<bool, String> {
+) -> Result<bool, HelperError> {
     let tmp = format!(".{name}.azprov-tmp");
     let _ = crate::sys::at::remove(dir, &tmp);
     let mut f = loop {
@@ -411,22 +457,21 @@ fn write_at(
             Err(nix::errno::Errno::EROFS) if Instant::now() < deadline => {
                 std::thread::sleep(WRITABLE_POLL);
             }
-            Err(e) => return Err(format!("create {tmp}: {e}")),
+            Err(e) => return Err(file_err("create", &tmp)(e)),
         }
     };
     let result = (|| {
-        f.write_all(data).map_err(|e| format!("write {tmp}: {e}"))?;
-        fchown(&f, Some(0), Some(0)).map_err(|e| format!("chown {tmp}: {e}"))?;
+        f.write_all(data).map_err(file_err("write", &tmp))?;
+        fchown(&f, Some(0), Some(0)).map_err(file_err("chown", &tmp))?;
         if let Some(l) = label {
-            crate::sys::xattr::fset(&f, "security.selinux", l)
-                .map_err(|e| format!("label {tmp}: {e}"))?;
+            crate::sys::xattr::fset(&f, "security.selinux", l).map_err(file_err("label", &tmp))?;
         }
-        f.sync_all().map_err(|e| format!("fsync {tmp}: {e}"))?;
+        f.sync_all().map_err(file_err("fsync", &tmp))?;
         match publish {
             Publish::Replace => crate::sys::at::rename(dir, &tmp, name).map(|()| true),
             Publish::IfAbsent => crate::sys::at::rename_noreplace(dir, &tmp, name),
         }
-        .map_err(|e| format!("rename {tmp}: {e}"))
+        .map_err(file_err("rename", &tmp))
     })();
     if !matches!(result, Ok(true)) {
         let _ = crate::sys::at::remove(dir, &tmp);
@@ -436,14 +481,14 @@ fn write_at(
 
 /// The fingerprint line of the RSA key in `ssh` (as `ssh-keygen -l` prints it), from its
 /// private key, or its .pub when the private key is in a format ssh-key does not read.
-fn present_line(ssh: &File) -> Result<String, String> {
+fn present_line(ssh: &File) -> Result<String, HelperError> {
     use nix::fcntl::OFlag;
-    let read = |name: &str| -> Result<String, String> {
+    let read = |name: &str| -> Result<String, HelperError> {
         let mut text = String::new();
         crate::sys::at::open(ssh, name, OFlag::O_RDONLY, 0)
-            .map_err(|e| format!("open {name}: {e}"))?
+            .map_err(file_err("open", name))?
             .read_to_string(&mut text)
-            .map_err(|e| format!("read {name}: {e}"))?;
+            .map_err(file_err("read", name))?;
         Ok(text)
     };
     // the public half the generator writes beside it, a moment after the private one (reading
@@ -458,8 +503,7 @@ fn present_line(ssh: &File) -> Result<String, String> {
         std::thread::sleep(PUB_PAUSE);
         text = read(&pub_name);
     }
-    super::public_fingerprint_line(text?.trim())
-        .ok_or_else(|| format!("{pub_name}: not an OpenSSH public key of a type it knows"))
+    super::public_fingerprint_line(text?.trim()).ok_or(HelperError::UnknownPub)
 }
 
 /// state.json with `line` among its host keys (once).
@@ -468,18 +512,18 @@ fn add_to_state(
     line: &str,
     label: Option<&[u8]>,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), HelperError> {
     let mut bytes = Vec::new();
     crate::sys::at::open(dir, "state.json", nix::fcntl::OFlag::O_RDONLY, 0)
-        .map_err(|e| format!("open: {e}"))?
+        .map_err(file_err("open", "state.json"))?
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("read: {e}"))?;
-    let mut state: State = serde_json::from_slice(&bytes).map_err(|e| format!("parse: {e}"))?;
+        .map_err(file_err("read", "state.json"))?;
+    let mut state: State = serde_json::from_slice(&bytes).map_err(HelperError::State)?;
     if state.host_keys.iter().any(|l| l == line) {
         return Ok(());
     }
     state.host_keys.insert(0, line.to_string());
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
+    let json = serde_json::to_vec_pretty(&state).map_err(HelperError::State)?;
     write_at(
         dir,
         "state.json",
@@ -488,7 +532,7 @@ fn add_to_state(
         Publish::Replace,
         deadline,
     )?;
-    dir.sync_all().map_err(|e| format!("fsync: {e}"))
+    dir.sync_all().map_err(file_err("fsync", "state.json"))
 }
 
 /// SIGHUP to the sshd whose pid /run/sshd.pid names, once /proc says that pid is sshd; looked
@@ -527,18 +571,39 @@ fn reload_sshd(dirs: SshdDirs) {
 
 /// The pid in sshd.pid's `text` when it names a running sshd: a pid above 1 (kill(2) takes -1
 /// as every process and 0 as the caller's group) whose command (`comm` of a pid) is sshd.
-fn sshd_named(text: &str, comm: impl Fn(i32) -> Option<String>) -> Result<i32, String> {
+fn sshd_named(text: &str, comm: impl Fn(i32) -> Option<String>) -> Result<i32, NotSshd> {
     let pid: i32 = text
         .trim()
         .parse()
-        .map_err(|_| format!("{:?} is not a pid", text.trim()))?;
+        .map_err(|_| NotSshd::NoPid(text.trim().to_string()))?;
     if pid <= 1 {
-        return Err(format!("{pid} is no sshd's pid"));
+        return Err(NotSshd::Reserved(pid));
     }
     match comm(pid) {
         Some(c) if c.trim() == "sshd" => Ok(pid),
-        Some(c) => Err(format!("pid {pid} is {:?}, not sshd", c.trim())),
-        None => Err(format!("no process {pid}")),
+        Some(c) => Err(NotSshd::Other(pid, c.trim().to_string())),
+        None => Err(NotSshd::Gone(pid)),
+    }
+}
+
+/// Why sshd.pid names no sshd to signal.
+#[derive(Debug, PartialEq, Eq)]
+enum NotSshd {
+    NoPid(String),
+    /// kill(2) takes -1 as every process and 0 as the caller's group, 1 is init.
+    Reserved(i32),
+    Other(i32, String),
+    Gone(i32),
+}
+
+impl std::fmt::Display for NotSshd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotSshd::NoPid(t) => write!(f, "{t:?} is not a pid"),
+            NotSshd::Reserved(pid) => write!(f, "{pid} is no sshd's pid"),
+            NotSshd::Other(pid, comm) => write!(f, "pid {pid} is {comm:?}, not sshd"),
+            NotSshd::Gone(pid) => write!(f, "no process {pid}"),
+        }
     }
 }
 
@@ -798,7 +863,7 @@ mod tests {
         };
         let key = rsa_now().unwrap();
         let e = publish(&job, key, Duration::ZERO, &handle, None, Some(&state_fd)).unwrap_err();
-        assert!(e.contains("cleaned"), "{e}");
+        assert!(matches!(e, HelperError::Cleaned), "{e}");
         assert!(crate::sys::sorted_names(&ssh).is_empty());
         let _ = std::fs::remove_dir_all(&d);
     }
