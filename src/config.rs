@@ -352,17 +352,8 @@ impl Config {
                 }
                 "azprov.hostkeytypes" => {
                     let v = need(value)?;
-                    let types: Vec<String> = v
-                        .split(',')
-                        .filter(|t| !t.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    if types.is_empty()
-                        || types.iter().any(|t| !HOST_KEY_TYPES.contains(&t.as_str()))
-                    {
-                        return Err(bad(key, &v, "a list of ed25519, ecdsa, rsa"));
-                    }
-                    self.host_key_types = types;
+                    self.host_key_types = host_key_types(&v)
+                        .ok_or_else(|| bad(key, &v, "a list of ed25519, ecdsa, rsa"))?;
                 }
                 "azprov.log" => {
                     let v = need(value)?;
@@ -407,6 +398,17 @@ impl Config {
             _ => return None,
         })
     }
+}
+
+/// `azprov.hostkeytypes`: a comma list of known types, None when empty or one is unknown.
+fn host_key_types(v: &str) -> Option<Vec<String>> {
+    let types: Vec<String> = v
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect();
+    let known = types.iter().all(|t| HOST_KEY_TYPES.contains(&t.as_str()));
+    (known && !types.is_empty()).then_some(types)
 }
 
 /// `azprov.force` alone, or `=1/0/yes/no/true/false`.

@@ -1,6 +1,7 @@
 //! The module graph as the source spells it (each file's `crate::…` and `super::…` paths, tests
 //! aside): no circle among the files of one folder, and no use the layers of docs/DESIGN.md,
-//! "Code map", forbid (its may-use table, pinned here row by row).
+//! "Code map", forbid (its may-use table, pinned here row by row); and no function over 100
+//! lines, the shape a long run of steps gets split by.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -277,4 +278,77 @@ fn the_table_is_the_designs() {
             );
         }
     }
+}
+
+/// The lines of each `fn` in `code` that are not blank (comments count), by name: its
+/// signature to the `}` that closes its body (strings, chars and comments skipped while braces
+/// are counted).
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let words: Vec<&str> = lines[i].split_whitespace().collect();
+        let name = words
+            .iter()
+            .position(|w| *w == "fn")
+            .filter(|&p| {
+                words[..p].iter().all(|w| {
+                    w.starts_with("pub") || ["const", "unsafe", "async", "extern"].contains(w)
+                })
+            })
+            .and_then(|p| words.get(p + 1))
+            .map(|n| n.split(['(', '<']).next().unwrap_or("").to_string());
+        let Some(name) = name.filter(|_| !lines[i].trim_end().ends_with(';')) else {
+            i += 1;
+            continue;
+        };
+        let (mut depth, mut opened, mut n, mut j) = (0i32, false, 0, i);
+        while j < lines.len() {
+            n += usize::from(!lines[j].trim().is_empty());
+            let (mut in_str, mut prev) = (false, ' ');
+            let comment = lines[j].trim_start().starts_with("//");
+            for c in lines[j].chars().filter(|_| !comment) {
+                match c {
+                    '"' if prev != '\\' => in_str = !in_str,
+                    '{' if !in_str && prev != '\'' => (depth, opened) = (depth + 1, true),
+                    '}' if !in_str && prev != '\'' => depth -= 1,
+                    _ => {}
+                }
+                prev = if prev == '\\' && c == '\\' { ' ' } else { c };
+            }
+            if opened && depth <= 0 {
+                break;
+            }
+            j += 1;
+        }
+        out.push((name, n));
+        i = j + 1;
+    }
+    out
+}
+
+/// A long function is split by stage: none in src/ (the unit tests aside) is over 100 lines.
+#[test]
+fn no_function_is_over_100_lines() {
+    let mut all = Vec::new();
+    files(Path::new(SRC), &mut all);
+    let mut long = Vec::new();
+    for path in &all {
+        let text = std::fs::read_to_string(path).unwrap();
+        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for (name, n) in function_lengths(text) {
+            if n > 100 {
+                long.push(format!("{} {name}: {n} lines", path.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these by stage:\n{}",
+        long.join("\n")
+    );
+    // the counter itself: a 3-line function with a brace in a string
+    let lengths = function_lengths("fn a() {\n    // }\n\n    let s = \"}\";\n}\nfn b() {}\n");
+    assert_eq!(lengths, [("a".to_string(), 4), ("b".to_string(), 1)]);
 }

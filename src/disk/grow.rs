@@ -221,27 +221,7 @@ fn gpt(
         entry_size: size,
         mut entries,
     } = header_at(read_at, sector, sector).map_err(corrupt)?;
-    let idx = (number as usize)
-        .checked_sub(1)
-        .ok_or(Skip::NoPartition(number))?;
-    let entry_at = idx
-        .checked_mul(size)
-        .filter(|a| a + size <= entries.len())
-        .ok_or(Skip::NoPartition(number))?;
-    let ours = entries
-        .get(entry_at..entry_at + size)
-        .ok_or(Skip::NoPartition(number))?;
-    if ours.iter().take(16).all(|&b| b == 0) {
-        return Err(Skip::NoPartition(number));
-    }
-    let first = le64(ours, 32).ok_or(corrupt("entry"))?;
-    let last = le64(ours, 40).ok_or(corrupt("entry"))?;
-    for (i, e) in entries.chunks(size).enumerate() {
-        if i != idx && !e.iter().take(16).all(|&b| b == 0) && le64(e, 32).is_some_and(|f| f > first)
-        {
-            return Err(Skip::NotLast(i as u32 + 1));
-        }
-    }
+    let (entry_at, first, last) = last_entry(&entries, number, size)?;
     let entry_sectors = (entries.len() as u64).div_ceil(sector);
     // the layout every GPT has: the array after the header, the partition after the array
     if entries_lba < 2 || first < entries_lba + entry_sectors || last < first {
@@ -277,24 +257,15 @@ fn gpt(
     let (mbr, note) = protective_mbr(head, disk_sectors, sector)?;
     // the one sector of the primary array that holds the entry
     let changed = entry_at / sector as usize * sector as usize;
-    let mut entry_sector = entries
-        .get(changed..)
-        .unwrap_or_default()
-        .iter()
-        .take(sector as usize)
-        .copied()
-        .collect::<Vec<u8>>();
-    entry_sector.resize(sector as usize, 0);
+    let entry_sector = sector_at(&entries, changed, sector as usize);
     let mut writes = Vec::new();
     if let Some(mbr) = mbr {
         writes.push((0, mbr));
     }
     let primary_entry = (entries_lba * sector + changed as u64, entry_sector);
     // the lowest partition start: the copy must end before every partition
-    let lowest = entries
-        .chunks(size)
-        .filter(|e| !e.iter().take(16).all(|&b| b == 0))
-        .filter_map(|e| le64(e, 32))
+    let lowest = in_use(&entries, size)
+        .filter_map(|(_, e)| le64(e, 32))
         .min()
         .unwrap_or(first);
     let stage = staging_area(
@@ -310,16 +281,7 @@ fn gpt(
     ]);
     match stage {
         Some(scratch) => {
-            let mut staged = hdr.clone();
-            put64(&mut staged, 72, scratch);
-            // a table whose first usable LBA follows its array at once (sgdisk's 34): the
-            // staged header moves it behind the staged copy (before every partition), the
-            // final one puts it back
-            let stage_end = scratch + entry_sectors;
-            if le64(&staged, 40).is_some_and(|f| f < stage_end) {
-                put64(&mut staged, 40, stage_end);
-            }
-            seal(&mut staged, hdr_size);
+            let staged = staged_header(&hdr, hdr_size, scratch, entry_sectors);
             let len = entries.len();
             writes.extend([
                 (scratch * sector, entries),
@@ -340,6 +302,61 @@ fn gpt(
         gain,
         note,
     })
+}
+
+/// The `sector` bytes of `bytes` from `at`, zero-padded.
+fn sector_at(bytes: &[u8], at: usize, sector: usize) -> Vec<u8> {
+    let mut out = bytes.get(at..).unwrap_or_default().to_vec();
+    out.resize(sector, 0);
+    out
+}
+
+/// The entries in use (a non-zero type GUID), with their index.
+fn in_use(entries: &[u8], size: usize) -> impl Iterator<Item = (usize, &[u8])> {
+    entries
+        .chunks(size)
+        .enumerate()
+        .filter(|(_, e)| !e.iter().take(16).all(|&b| b == 0))
+}
+
+/// Partition `number`'s entry: its offset in the array, its first and last LBA; a skip when
+/// it is missing or another partition starts after it.
+fn last_entry(entries: &[u8], number: u32, size: usize) -> Result<(usize, u64, u64), Skip> {
+    let idx = (number as usize)
+        .checked_sub(1)
+        .ok_or(Skip::NoPartition(number))?;
+    let entry_at = idx
+        .checked_mul(size)
+        .filter(|a| a + size <= entries.len())
+        .ok_or(Skip::NoPartition(number))?;
+    let ours = entries
+        .get(entry_at..entry_at + size)
+        .ok_or(Skip::NoPartition(number))?;
+    if ours.iter().take(16).all(|&b| b == 0) {
+        return Err(Skip::NoPartition(number));
+    }
+    let first = le64(ours, 32).ok_or(Skip::Corrupt("entry"))?;
+    let last = le64(ours, 40).ok_or(Skip::Corrupt("entry"))?;
+    let later =
+        in_use(entries, size).find(|&(i, e)| i != idx && le64(e, 32).is_some_and(|f| f > first));
+    match later {
+        Some((i, _)) => Err(Skip::NotLast(i as u32 + 1)),
+        None => Ok((entry_at, first, last)),
+    }
+}
+
+/// The primary header `hdr` pointing at the staged copy of its array at `scratch`. A table
+/// whose first usable LBA follows its array at once (sgdisk's 34): the staged header moves it
+/// behind the staged copy (before every partition), the final one puts it back.
+fn staged_header(hdr: &[u8], hdr_size: usize, scratch: u64, entry_sectors: u64) -> Vec<u8> {
+    let mut staged = hdr.to_vec();
+    put64(&mut staged, 72, scratch);
+    let stage_end = scratch + entry_sectors;
+    if le64(&staged, 40).is_some_and(|f| f < stage_end) {
+        put64(&mut staged, 40, stage_end);
+    }
+    seal(&mut staged, hdr_size);
+    staged
 }
 
 /// The LBA where a copy of the new entry array can stand while the primary header is swapped
