@@ -12,6 +12,12 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 /// The fixed address, used when DHCP gives no option 245.
 pub const DEFAULT_ADDR: Ipv4Addr = Ipv4Addr::new(168, 63, 129, 16);
+
+/// Where the WireServer is: `flag` (`--wireserver`), else the lease's option 245, else
+/// [`DEFAULT_ADDR`]; port 80.
+pub fn endpoint(flag: Option<SocketAddr>, lease: Option<Ipv4Addr>) -> SocketAddr {
+    flag.unwrap_or_else(|| SocketAddr::from((lease.unwrap_or(DEFAULT_ADDR), 80)))
+}
 pub const PROTOCOL_VERSION: &str = "2012-11-30";
 pub const AGENT_NAME: &str = "azprov";
 /// cloud-init's `HEALTH_REPORT_DESCRIPTION_TRIM_LEN`.

@@ -42,8 +42,7 @@ pub(super) fn cmd_report(args: &[String]) -> Result<(), CliError> {
             ))
         }
     };
-    let addr = wireserver_flag(&a)?
-        .unwrap_or_else(|| std::net::SocketAddr::from((wireserver::DEFAULT_ADDR, 80)));
+    let addr = wireserver::endpoint(wireserver_flag(&a)?, None);
     let timeout = a.timeout(Duration::from_secs(60))?;
     let client = Client::new();
     let ws = WireServer {

@@ -25,7 +25,7 @@ pub(crate) struct NetStart {
     prepared: Result<Prepared, DhcpError>,
 }
 
-/// `--wireserver` (`flag`), else the lease's option 245, else 168.63.129.16; port 80.
+/// The WireServer's endpoint ([`wireserver::endpoint`]) with the lease's option 245, if any.
 pub(crate) fn wireserver_addr(
     flag: Option<SocketAddr>,
     network: &Result<Option<Applied>, Failure>,
@@ -34,7 +34,7 @@ pub(crate) fn wireserver_addr(
         Ok(Some(applied)) => applied.lease().wireserver,
         _ => None,
     };
-    flag.unwrap_or_else(|| SocketAddr::from((lease_ws.unwrap_or(wireserver::DEFAULT_ADDR), 80)))
+    wireserver::endpoint(flag, lease_ws)
 }
 
 /// Picks the NIC (`iface`, else the first that is not loopback), brings its link up, waits
@@ -89,10 +89,11 @@ pub(crate) fn network(
     };
     let found = |(nic, applied): &(crate::net::link::Nic, Applied)| {
         let l = applied.lease();
+        let ws = wireserver::endpoint(flag, l.wireserver);
         let ws = match (flag, l.wireserver) {
-            (Some(w), _) => format!("{w} (--wireserver)"),
-            (None, Some(w)) => w.to_string(),
-            (None, None) => format!("(none, using {})", wireserver::DEFAULT_ADDR),
+            (Some(_), _) => format!("{ws} (--wireserver)"),
+            (None, Some(_)) => ws.ip().to_string(),
+            (None, None) => format!("(none, using {})", ws.ip()),
         };
         format!(
             "{} {}/{} from {}, wireserver {ws}",

@@ -156,9 +156,15 @@ impl State {
     }
 
     pub fn save(&self, root: &Sysroot) -> Result<(), super::sysroot::WriteError> {
+        root.write_state(FILE, &self.to_json())
+    }
+
+    /// The file's bytes: pretty JSON and a newline (the RSA helper writes them through its
+    /// descriptors after the handover, `save` through the root before it).
+    pub fn to_json(&self) -> Vec<u8> {
         let mut json = serde_json::to_vec_pretty(self).unwrap_or_default();
         json.push(b'\n');
-        root.write_state(FILE, &json)
+        json
     }
 }
 

@@ -2,7 +2,8 @@
 
 use super::data::ProvisioningData;
 use super::state::{Acked, State, Written};
-use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG, STATE_DIR};
+use super::sysroot::SUDOERS;
+use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG, SSHD_DROP_IN, STATE_DIR};
 use super::{Failure, Reason};
 use crate::secret::Secret;
 
@@ -96,17 +97,8 @@ const STEPS: &[(Reason, &[&str])] = &[
         ],
     ),
     (Reason::WriteKeys, &["/authorized_keys"]),
-    (
-        Reason::WriteSudoers,
-        &["/etc/sudoers.d/90-azprov", "/etc/sudoers"],
-    ),
-    (
-        Reason::WriteSshd,
-        &[
-            "/etc/ssh/sshd_config.d/50-azprov.conf",
-            "/etc/ssh/sshd_config",
-        ],
-    ),
+    (Reason::WriteSudoers, &[SUDOERS, "/etc/sudoers"]),
+    (Reason::WriteSshd, &[SSHD_DROP_IN, SSHD_CONFIG]),
     (Reason::WriteCustomData, &["/var/lib/azprov/customdata"]),
     (Reason::WriteUserData, &["/var/lib/azprov/userdata"]),
     (Reason::WriteImds, &["/var/lib/azprov/imds.json"]),

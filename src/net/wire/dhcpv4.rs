@@ -50,9 +50,19 @@ pub mod opt {
     pub const END: u8 = 255;
 }
 
-/// What azprov asks for: mask, router, DNS, domain, MTU, broadcast, lease, server
-/// id, classless routes, WireServer.
-pub const PARAMETER_REQUEST_LIST: [u8; 10] = [1, 3, 6, 15, 26, 28, 51, 54, 121, 245];
+/// What azprov asks for, in option 55.
+pub const PARAMETER_REQUEST_LIST: [u8; 10] = [
+    opt::SUBNET_MASK,
+    opt::ROUTER,
+    opt::DNS,
+    opt::DOMAIN,
+    opt::MTU,
+    opt::BROADCAST,
+    opt::LEASE_TIME,
+    opt::SERVER_ID,
+    opt::CLASSLESS_ROUTES,
+    opt::AZURE_WIRESERVER,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageType {

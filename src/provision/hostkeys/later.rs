@@ -22,7 +22,7 @@
 //!   the file).
 
 use super::{fingerprint_block, fingerprint_line, rsa_now, KeyType, SSH_DIR};
-use crate::provision::state::State;
+use crate::provision::state::{self, State};
 use crate::provision::sysroot::{Sysroot, STATE_DIR};
 use ssh_key::LineEnding;
 use std::fs::File;
@@ -122,7 +122,7 @@ pub fn spawn(root: &Sysroot, hostname: &str, fast: &[String], state: bool) -> st
         ),
         (
             "--label-state",
-            root.label_of(&format!("{STATE_DIR}/state.json"), libc::S_IFREG),
+            root.label_of(&format!("{STATE_DIR}/{}", state::FILE), libc::S_IFREG),
         ),
     ];
     for (flag, label) in labels {
@@ -514,25 +514,19 @@ fn add_to_state(
     deadline: Instant,
 ) -> Result<(), HelperError> {
     let mut bytes = Vec::new();
-    crate::sys::at::open(dir, "state.json", nix::fcntl::OFlag::O_RDONLY, 0)
-        .map_err(file_err("open", "state.json"))?
+    crate::sys::at::open(dir, state::FILE, nix::fcntl::OFlag::O_RDONLY, 0)
+        .map_err(file_err("open", state::FILE))?
         .read_to_end(&mut bytes)
-        .map_err(file_err("read", "state.json"))?;
+        .map_err(file_err("read", state::FILE))?;
     let mut state: State = serde_json::from_slice(&bytes).map_err(HelperError::State)?;
     if state.host_keys.iter().any(|l| l == line) {
         return Ok(());
     }
     state.host_keys.insert(0, line.to_string());
-    let json = serde_json::to_vec_pretty(&state).map_err(HelperError::State)?;
-    write_at(
-        dir,
-        "state.json",
-        &json,
-        (0o600, label),
-        Publish::Replace,
-        deadline,
-    )?;
-    dir.sync_all().map_err(file_err("fsync", "state.json"))
+    let json = state.to_json();
+    let mode = (0o600, label);
+    write_at(dir, state::FILE, &json, mode, Publish::Replace, deadline)?;
+    dir.sync_all().map_err(file_err("fsync", state::FILE))
 }
 
 /// SIGHUP to the sshd whose pid /run/sshd.pid names, once /proc says that pid is sshd; looked
