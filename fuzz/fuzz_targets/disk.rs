@@ -4,6 +4,7 @@
 #![no_main]
 use azprov::disk::block::{probe_fs, probe_table};
 use azprov::disk::ntfs::read_volume;
+use azprov::disk::superblock::{btrfs_single_device_bytes, ext4_size};
 use libfuzzer_sys::fuzz_target;
 
 /// The largest single read the probes may ask for (the GPT entry array bound).
@@ -11,6 +12,8 @@ const MAX_READ: usize = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
     let _ = probe_fs(data);
+    let _ = ext4_size(data);
+    let _ = btrfs_single_device_bytes(data);
     let mut read_at = |off: u64, len: usize| -> Option<Vec<u8>> {
         assert!(len <= MAX_READ, "a read of {len} bytes");
         let off = usize::try_from(off).ok()?;

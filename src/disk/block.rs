@@ -64,17 +64,21 @@ fn text(b: &[u8]) -> String {
         .to_string()
 }
 
-/// Needs the first 69 KiB of a device (btrfs keeps its superblock at 64 KiB).
-pub const PROBE_BYTES: usize = 0x10000 + 4096;
+/// Needs the first 68 KiB of a device (btrfs keeps its superblock at 64 KiB).
+pub const PROBE_BYTES: usize = super::superblock::btrfs::AT + super::superblock::btrfs::LEN;
 
 /// Recognises ext2/3/4, xfs and btrfs from the start of a device.
 pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
-    // ext*: superblock at 1024, magic 0xEF53 at +56, uuid at +104, label at +120
-    if get(b, 1024 + 56, 2) == Some(&[0x53, 0xef]) {
-        let compat_journal = le32(b, 1024 + 92).is_some_and(|f| f & 0x04 != 0);
-        let incompat = le32(b, 1024 + 96).unwrap_or(0);
-        // extents (0x40) or 64bit (0x80) or flex_bg (0x200) mean ext4
-        let fstype = if incompat & (0x40 | 0x80 | 0x200) != 0 {
+    use super::superblock::{btrfs, ext4, xfs};
+    if let Some(sb) = b
+        .get(ext4::AT..)
+        .filter(|sb| get(sb, ext4::MAGIC, 2) == Some(&ext4::MAGIC_BYTES))
+    {
+        let compat_journal =
+            le32(sb, ext4::FEATURE_COMPAT).is_some_and(|f| f & ext4::COMPAT_HAS_JOURNAL != 0);
+        let incompat = le32(sb, ext4::FEATURE_INCOMPAT).unwrap_or(0);
+        let ext4_only = ext4::INCOMPAT_EXTENTS | ext4::INCOMPAT_64BIT | ext4::INCOMPAT_FLEX_BG;
+        let fstype = if incompat & ext4_only != 0 {
             "ext4"
         } else if compat_journal {
             "ext3"
@@ -83,22 +87,24 @@ pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
         };
         return Some(FsInfo {
             fstype,
-            uuid: uuid_be(get(b, 1024 + 104, 16)?),
-            label: text(get(b, 1024 + 120, 16)?),
+            uuid: uuid_be(get(sb, ext4::UUID, 16)?),
+            label: text(get(sb, ext4::VOLUME_NAME, ext4::VOLUME_NAME_LEN)?),
         });
     }
-    if get(b, 0, 4) == Some(b"XFSB") {
+    let sb = b.get(xfs::AT..)?;
+    if get(sb, xfs::MAGIC, 4) == Some(xfs::MAGIC_BYTES) {
         return Some(FsInfo {
             fstype: "xfs",
-            uuid: uuid_be(get(b, 32, 16)?),
-            label: text(get(b, 108, 12)?),
+            uuid: uuid_be(get(sb, xfs::UUID, 16)?),
+            label: text(get(sb, xfs::FNAME, xfs::FNAME_LEN)?),
         });
     }
-    if get(b, 0x10000 + 64, 8) == Some(b"_BHRfS_M") {
+    let sb = b.get(btrfs::AT..)?;
+    if get(sb, btrfs::MAGIC, 8) == Some(btrfs::MAGIC_BYTES) {
         return Some(FsInfo {
             fstype: "btrfs",
-            uuid: uuid_be(get(b, 0x10000 + 32, 16)?),
-            label: text(get(b, 0x10000 + 299, 256)?),
+            uuid: uuid_be(get(sb, btrfs::FSID, 16)?),
+            label: text(get(sb, btrfs::LABEL, btrfs::LABEL_LEN)?),
         });
     }
     None

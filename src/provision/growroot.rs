@@ -11,6 +11,7 @@
 //! it off. Runs on the mounted root in both modes, before anything is written into it.
 
 use crate::disk::grow::{self, Skip};
+use crate::disk::superblock;
 use nix::errno::Errno;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -133,38 +134,14 @@ fn sectors(sys: &Path, name: &str) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// ext4's block size and block count from its superblock (read from the device).
-fn ext4_blocks(dev: &Path) -> Option<(u64, u64)> {
-    let f = File::open(dev).ok()?;
-    let mut sb = vec![0u8; 1024];
-    f.read_exact_at(&mut sb, 1024).ok()?;
-    let le32 = |at: usize| crate::disk::block::le32(&sb, at);
-    let log = le32(24)?;
-    if log > 6 {
-        return None;
-    }
-    let bs = 1024u64 << log;
-    let lo = u64::from(le32(4)?);
-    let incompat = le32(0x60)?;
-    let hi = if incompat & 0x80 != 0 {
-        u64::from(le32(0x150)?)
-    } else {
-        0
-    };
-    Some((bs, (hi << 32) | lo))
-}
-
-/// A single-device btrfs's size on its device (the superblock's dev_item total_bytes), or
-/// None for another filesystem or one spanning several devices.
-fn btrfs_dev_bytes(dev: &Path) -> Option<u64> {
-    let f = File::open(dev).ok()?;
-    let mut sb = vec![0u8; 4096];
-    f.read_exact_at(&mut sb, 65536).ok()?;
-    let le64 = |at: usize| crate::disk::block::le64(&sb, at);
-    if sb.get(0x40..0x48)? != b"_BHRfS_M" || le64(0x88)? != 1 || le64(0xc9)? != 1 {
-        return None;
-    }
-    le64(0xd1)
+/// `len` bytes at `at` of the device `dev` (a superblock).
+fn read_sb(dev: &Path, at: usize, len: usize) -> Option<Vec<u8>> {
+    let mut sb = vec![0u8; len];
+    File::open(dev)
+        .ok()?
+        .read_exact_at(&mut sb, at as u64)
+        .ok()?;
+    Some(sb)
 }
 
 /// Writes `bytes` (whole sectors) at `at` through `f`, opened O_DIRECT: from a buffer aligned
@@ -378,7 +355,8 @@ impl FsCalls for MountedFs<'_> {
         crate::disk::block::probe_device(self.node).map(|i| i.fstype)
     }
     fn ext4_blocks(&mut self) -> Option<(u64, u64)> {
-        ext4_blocks(self.node)
+        let sb = read_sb(self.node, superblock::ext4::AT, superblock::ext4::LEN)?;
+        superblock::ext4_size(&sb)
     }
     fn ext4_resize(&mut self, blocks: u64) -> Result<(), Errno> {
         crate::sys::block::ext4_resize(&self.dir, blocks)
@@ -393,7 +371,8 @@ impl FsCalls for MountedFs<'_> {
         crate::sys::block::freeze_thaw(&self.dir)
     }
     fn btrfs_bytes(&mut self) -> Option<u64> {
-        btrfs_dev_bytes(self.node)
+        let sb = read_sb(self.node, superblock::btrfs::AT, superblock::btrfs::LEN)?;
+        superblock::btrfs_single_device_bytes(&sb)
     }
     fn btrfs_resize_max(&mut self) -> Result<(), Errno> {
         crate::sys::block::btrfs_resize_max(&self.dir)
