@@ -5,7 +5,7 @@
 use crate::deadline::Deadline;
 use crate::early::modules::OnDemand;
 use crate::sys::block::{self, DriveStatus};
-use crate::sys::mount::{self, MntFlags, MsFlags};
+use crate::sys::mount::{self, Mounted, MsFlags};
 use crate::sys::Errno;
 use std::fs;
 use std::io::Read;
@@ -131,20 +131,6 @@ pub fn wait_for_drives(dev: &Path, sys: &Path, bound: Duration) -> Vec<PathBuf> 
     }
 }
 
-/// A mounted disc, unmounted on drop.
-struct Mounted {
-    at: PathBuf,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Err(e) = mount::umount(&self.at, MntFlags::empty()) {
-            log::warn!("unmount {}: {e}; detaching", self.at.display());
-            let _ = mount::umount(&self.at, MntFlags::MNT_DETACH);
-        }
-    }
-}
-
 /// Whether the disc's volume recognition sequence (ECMA-167: 2 KiB descriptors from sector
 /// 16, after any iso9660 ones) names UDF (`NSR02`, `NSR03`); None when it cannot be read. One
 /// 32 KiB read: the kernel's own check reads the sectors one at a time, so udf is then mounted
@@ -186,12 +172,9 @@ fn mount_any(
             (fstype == "udf" && udf == Some(true)).then_some("novrs"),
         ) {
             Ok(()) => {
-                return Ok((
-                    Mounted {
-                        at: at.to_path_buf(),
-                    },
-                    fstype,
-                ))
+                let mut disc = Mounted::default();
+                disc.push(at.to_path_buf());
+                return Ok((disc, fstype));
             }
             Err(e) => errors.push((fstype, e)),
         }

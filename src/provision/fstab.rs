@@ -12,7 +12,8 @@ use super::sysroot::Sysroot;
 use super::{Failure, Reason};
 use crate::config::RootSpec;
 use crate::disk::block;
-use nix::mount::{MntFlags, MsFlags};
+use crate::sys::mount::Mounted;
+use nix::mount::MsFlags;
 use std::path::{Path, PathBuf};
 
 /// Where azprov writes, as the root sees it: the admin's home (under /home), its state and
@@ -226,27 +227,6 @@ fn mount_points() -> Vec<PathBuf> {
         .collect()
 }
 
-/// The filesystems mounted for the run, unmounted (last first) when dropped.
-#[derive(Debug, Default)]
-pub struct Mounted(Vec<PathBuf>);
-
-impl Mounted {
-    pub fn targets(&self) -> &[PathBuf] {
-        &self.0
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        for t in self.0.iter().rev() {
-            if let Err(e) = crate::sys::mount::umount(t, MntFlags::empty()) {
-                log::warn!("fstab: unmount {}: {e}; detaching it", t.display());
-                let _ = crate::sys::mount::umount(t, MntFlags::MNT_DETACH);
-            }
-        }
-    }
-}
-
 /// Mounts under `root` every filesystem its fstab puts on a path azprov writes under (module
 /// comment). Fails, naming the mount, when a device cannot be found or mounted; what was
 /// mounted by then is unmounted again.
@@ -336,7 +316,7 @@ pub fn mount_for_writes(root: &Sysroot, sys_block: &Path, dev: &Path) -> Result<
             source.display(),
             t.elapsed().as_millis()
         );
-        mounted.0.push(target);
+        mounted.push(target);
     }
     Ok(mounted)
 }

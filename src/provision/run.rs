@@ -25,6 +25,7 @@ use crate::azure::wireserver::{Reported, WireServer};
 use crate::azure::{platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
+use crate::sys::mount::Mounted;
 use std::path::Path;
 use std::time::Instant;
 
@@ -236,13 +237,13 @@ impl<'a> Run<'a> {
 
     /// What fstab mounts on azprov's paths (a separate /home, /var), mounted for the run; the
     /// failure, when one is missing, fails the writes later (after the network is up).
-    fn mount_fstab(&self) -> (fstab::Mounted, Option<Failure>) {
+    fn mount_fstab(&self) -> (Mounted, Option<Failure>) {
         let block = self.opts.sys.join("class/block");
         match fstab::mount_for_writes(self.root, &block, &self.opts.dev) {
             Ok(m) => (m, None),
             Err(f) => {
                 log::error!("{f}");
-                (fstab::Mounted::default(), Some(f))
+                (Mounted::default(), Some(f))
             }
         }
     }

@@ -24,6 +24,32 @@ pub fn umount(target: &Path, flags: MntFlags) -> Result<(), Errno> {
 
 /// syncfs(2) of the filesystem that holds `path`: its data and metadata are on disk when it
 /// returns Ok (write errors since the last syncfs are reported, Linux 5.8 and later).
+/// Mount points azprov mounted (the provisioning disc, fstab's filesystems for the run),
+/// unmounted last first when dropped; one that is busy is detached.
+#[derive(Debug, Default)]
+pub struct Mounted(Vec<PathBuf>);
+
+impl Mounted {
+    pub fn push(&mut self, target: PathBuf) {
+        self.0.push(target);
+    }
+
+    pub fn targets(&self) -> &[PathBuf] {
+        &self.0
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        for t in self.0.iter().rev() {
+            if let Err(e) = umount(t, MntFlags::empty()) {
+                log::warn!("unmount {}: {e}; detaching it", t.display());
+                let _ = umount(t, MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
 pub fn syncfs(path: &Path) -> Result<(), Errno> {
     let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
     nix::unistd::syncfs(&f)
