@@ -2,6 +2,7 @@
 //! and LABEL; GPT and MBR partition tables give PARTUUID and PARTLABEL. Parsing is pure and
 //! works on byte buffers; the scan reads devices listed in /sys/class/block.
 
+use super::{get, le32, le64};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -11,23 +12,6 @@ pub struct FsInfo {
     pub fstype: &'static str,
     pub uuid: String,
     pub label: String,
-}
-
-fn get(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
-    b.get(at..at.checked_add(len)?)
-}
-
-pub(crate) fn le32(b: &[u8], at: usize) -> Option<u32> {
-    match get(b, at, 4)? {
-        &[a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d])),
-        _ => None,
-    }
-}
-
-pub(crate) fn le64(b: &[u8], at: usize) -> Option<u64> {
-    let lo = le32(b, at)?;
-    let hi = le32(b, at + 4)?;
-    Some(u64::from(lo) | (u64::from(hi) << 32))
 }
 
 /// A 16-byte UUID in the byte order filesystems store it (big-endian fields).

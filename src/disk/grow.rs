@@ -25,7 +25,7 @@
 //! header sector torn in its middle, which storage does not do. A hybrid MBR (real entries
 //! beside the 0xEE one) is left as it is. MBR: the entry's sector count, one write of sector 0.
 
-use super::block::{le32, le64};
+use super::{le32, le64};
 
 /// Less than this to gain: left alone.
 pub const MIN_GAIN: u64 = 1 << 20;

@@ -9,3 +9,23 @@ pub mod grow;
 pub mod names;
 pub mod ntfs;
 pub mod superblock;
+
+/// `len` bytes of `b` from `at`, None past its end.
+fn get(b: &[u8], at: usize, len: usize) -> Option<&[u8]> {
+    b.get(at..at.checked_add(len)?)
+}
+
+/// The little-endian u32 at `at` of `b`.
+fn le32(b: &[u8], at: usize) -> Option<u32> {
+    match get(b, at, 4)? {
+        &[a, b, c, d] => Some(u32::from_le_bytes([a, b, c, d])),
+        _ => None,
+    }
+}
+
+/// The little-endian u64 at `at` of `b`.
+fn le64(b: &[u8], at: usize) -> Option<u64> {
+    let lo = le32(b, at)?;
+    let hi = le32(b, at + 4)?;
+    Some(u64::from(lo) | (u64::from(hi) << 32))
+}

@@ -6,7 +6,7 @@
 //! The disk is untrusted input: every offset is checked, the fixups verified, no field sizes
 //! an allocation beyond [`RECORD_MAX`], and the walk stops after [`NODES_MAX`] index nodes.
 
-use super::block::{le32, le64};
+use super::{le32, le64};
 
 /// The largest MFT or index record taken (NTFS uses 1 KiB and 4 KiB).
 const RECORD_MAX: usize = 64 * 1024;

@@ -3,7 +3,7 @@
 //! `struct btrfs_super_block`). `block` reads identity (type, UUID, label) from them, growroot
 //! the size.
 
-use super::block::{le32, le64};
+use super::{le32, le64};
 
 /// ext2/3/4 (fs/ext4/ext4.h).
 pub mod ext4 {
