@@ -3,7 +3,7 @@
 //! mounts, modules, finding and mounting the root, and switch_root into the real init.
 
 use crate::config::{self, Config, OnFail, RootSpec};
-use crate::early::{modalias, modules};
+use crate::modules::{self, modalias};
 use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Mode, Options, Report};
 use crate::provision::sysroot::Sysroot;

@@ -379,7 +379,7 @@ impl Config {
                 k if k.starts_with("azprov.") => return Err(ConfigError::Unknown(k.to_string())),
                 _ => self
                     .module_params
-                    .extend(crate::early::modules::cmdline_param(word)),
+                    .extend(crate::modules::cmdline_param(word)),
             }
         }
         Ok(())

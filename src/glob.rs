@@ -1,5 +1,5 @@
 //! fnmatch-style matching without classes: `*` any run, `?` any one character. kmod matches
-//! modules.alias patterns so (`early::modalias`), and sshd's `Include` globs are read so
+//! modules.alias patterns so (`modules::modalias`), and sshd's `Include` globs are read so
 //! (`provision::sysroot::includes`).
 
 /// `name` against a modules.alias pattern: `*` any run, `?` any one character, as fnmatch

@@ -1,7 +1,7 @@
 //! azprov: provision an Azure Linux VM from the initramfs with no agent in the image.
 //!
 //! Layers, bottom up: `sys` (kernel calls only), `disk` (on-disk formats: superblocks, partition
-//! tables, growroot's plan), `early` (kernel module loading), `net` (DHCP and
+//! tables, growroot's plan), `modules` (kernel module loading), `net` (DHCP and
 //! the link), `azure` (wire formats and the one HTTP client), `provision` (the data, the
 //! writes into the root, the run), `boot` (PID 1) and `cli` (the subcommands). A layer never
 //! imports one above it. docs/DESIGN.md, "Code map", has the map.
@@ -36,9 +36,9 @@ pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod disk;
-pub mod early;
 pub mod glob;
 pub mod logger;
+pub mod modules;
 pub mod net;
 pub mod provision;
 pub mod secret;

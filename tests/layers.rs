@@ -217,15 +217,15 @@ fn no_circle_among_the_files_of_a_folder() {
 const MAY_USE: &[(&str, &[&str])] = &[
     ("sys", &[]),
     ("disk", &["sys"]),
-    ("early", &["sys", "glob"]),
+    ("modules", &["sys", "glob"]),
     ("net", &["sys", "deadline"]),
-    ("azure", &["sys", "early", "deadline", "logger", "secret"]),
-    ("config", &["early", "azure", "logger", "time"]),
+    ("azure", &["sys", "modules", "deadline", "logger", "secret"]),
+    ("config", &["modules", "azure", "logger", "time"]),
     (
         "provision",
         &[
-            "sys", "disk", "early", "net", "azure", "config", "deadline", "time", "secret", "glob",
-            "logger",
+            "sys", "disk", "modules", "net", "azure", "config", "deadline", "time", "secret",
+            "glob", "logger",
         ],
     ),
 ];

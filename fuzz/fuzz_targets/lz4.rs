@@ -2,7 +2,7 @@
 //! limit. The input's first four bytes are replaced by the legacy magic half the time, so
 //! most inputs reach the block decoder.
 #![no_main]
-use azprov::early::lz4::decompress;
+use azprov::modules::lz4::decompress;
 use libfuzzer_sys::fuzz_target;
 
 const LIMIT: usize = 1 << 20;

@@ -3,7 +3,7 @@
 //! ovf-env.xml, and always unmount.
 
 use crate::deadline::Deadline;
-use crate::early::modules::OnDemand;
+use crate::modules::OnDemand;
 use crate::sys::block::{self, DriveStatus};
 use crate::sys::mount::{self, Mounted, MsFlags};
 use crate::sys::Errno;
@@ -87,13 +87,13 @@ const VMBUS_STORAGE: [&str; 2] = [
 /// (or before init, when built in), so its drives exist once the module is in. Hyper-V's VMBus
 /// controllers may be offered after hv_storvsc loaded and are probed on their own time: one
 /// without a driver yet is still coming, and with synchronous SCSI scans (PID 1 sets them,
-/// `early::modules::SCSI_SCAN`) one with a driver has its drives. With asynchronous scans (hook
+/// `modules::SCSI_SCAN`) one with a driver has its drives. With asynchronous scans (hook
 /// mode) nothing in sysfs says such a scan is done: a loaded CD-ROM driver is reason enough.
 pub fn still_scanning(sys: &Path) -> Option<String> {
     if !(sys.join("module/sr_mod").exists() || sys.join("module/cdrom").exists()) {
         return None;
     }
-    let scan = fs::read_to_string(sys.join(crate::early::modules::SCSI_SCAN)).ok();
+    let scan = fs::read_to_string(sys.join(crate::modules::SCSI_SCAN)).ok();
     if scan.as_deref().map(str::trim) != Some("sync") {
         return Some("SCSI scans are asynchronous".into());
     }

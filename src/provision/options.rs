@@ -4,7 +4,7 @@
 
 use crate::azure::vmid;
 use crate::config::Config;
-use crate::early::modules::OnDemand;
+use crate::modules::OnDemand;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,12 +1,17 @@
-//! Kernel modules for PID 1: the list `scripts/mkinitramfs` wrote (`path: dep dep | alias
+//! Kernel modules in early boot, above the kernel calls of `sys` (the on-disk formats are
+//! `crate::disk`'s): which listed drivers this VM's devices need ([`modalias`]), loading them in
+//! dependency and lane order and on demand (here), and the `.ko.lz4` decoder ([`lz4`], fuzzed:
+//! a module file is untrusted bytes).
+//!
+//! The list `scripts/mkinitramfs` wrote (`path: dep dep | alias
 //! alias`, load order), loaded with finit_module on a few threads at once, each module once its
 //! dependencies are in. Filesystem modules that a boot may not need, and the dependencies only
 //! they need, are deferred until a filesystem of theirs is to be mounted: the root's (xfs,
 //! btrfs, ext4 when modular: xfs, btrfs and raid6_pq's self-benchmark are most of an emulated
 //! module stage, and a root needs at most one of them) and iso9660 (isofs), which
 //! only a provisioning CD without UDF needs (Azure's is UDF; [`OnDemand`]). A `.ko.lz4` in the
-//! list (how mkinitramfs stores those) is decompressed ([`super::lz4`]) and loaded with
-//! init_module. Which listed drivers load at all is [`super::modalias`]'s call.
+//! list (how mkinitramfs stores those) is decompressed ([`lz4`]) and loaded with
+//! init_module. Which listed drivers load at all is [`modalias`]'s call.
 //!
 //! Device names stay as a serial load gives them: the drivers whose devices share a kernel
 //! name space (`eth%d`; SCSI hosts and so `sd%c` and `sr%d`; `vd%c`; `nvme%d`) load in list
@@ -28,7 +33,7 @@ const MODULE_MAX: usize = 64 << 20;
 pub fn load_module(path: &Path, params: &str) -> Result<(), Errno> {
     if path.extension().is_some_and(|e| e == "lz4") {
         let data = std::fs::read(path).map_err(|e| crate::sys::errno_of(&e))?;
-        let image = super::lz4::decompress(&data, MODULE_MAX).map_err(|e| {
+        let image = lz4::decompress(&data, MODULE_MAX).map_err(|e| {
             log::warn!("module {}: {e}", path.display());
             Errno::ENOEXEC
         })?;
@@ -58,7 +63,7 @@ pub struct Module {
     pub name: String,
     pub deps: Vec<String>,
     /// The module's device aliases (`pci:v00008086d00007111sv*…`, `virtio:d00000001v*`,
-    /// `vmbus:…`), as modules.alias has them: what [`super::modalias::gate`] matches.
+    /// `vmbus:…`), as modules.alias has them: what [`modalias::gate`] matches.
     pub aliases: Vec<String>,
 }
 
@@ -181,6 +186,8 @@ pub fn find(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 mod loader;
+pub mod lz4;
+pub mod modalias;
 mod on_demand;
 
 pub use loader::{Loader, SCSI_SCAN};

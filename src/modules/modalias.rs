@@ -19,7 +19,7 @@
 //! A module with any alias on another bus (scsi:, acpi:, of:, …), or with no aliases, loads as
 //! before; so does a module named in `azprov.modules=`.
 
-use super::modules::Module;
+use super::Module;
 use std::fs;
 use std::path::Path;
 
@@ -224,7 +224,7 @@ pub fn gate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::early::modules::parse_list;
+    use crate::modules::parse_list;
 
     // what mkinitramfs writes for the default list, trimmed to a few aliases each, and
     // without pci_hyperv (see hyperv_pci_makes_pci_late_on_hyperv_only)
