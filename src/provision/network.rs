@@ -60,7 +60,7 @@ pub(crate) fn prepare_network(opts: &Options, deadline: Deadline) -> Option<NetS
 /// The DHCP stage: the prepared NIC's lease, sending the OVF HostName as option 12 (Azure
 /// DNS registers the name the client sends), configured; Ok(None) with `--no-dhcp`. Timed
 /// from the link-up, which began with the media read. `flag` is `--wireserver`, for the log.
-pub(crate) fn network(
+pub(crate) fn bring_up_dhcp(
     flag: Option<SocketAddr>,
     start: Option<NetStart>,
     hostname: Option<&str>,

@@ -5,7 +5,7 @@ use super::hostkeys::{self, Keygen};
 use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::msp::Msp;
-use super::network::{network, prepare_network, release_network, wireserver_addr};
+use super::network::{bring_up_dhcp, prepare_network, release_network, wireserver_addr};
 use super::options::Options;
 use super::report::{record_report, report, report_deadline};
 use super::state::{Acked, State};
@@ -22,13 +22,13 @@ use crate::deadline::Deadline;
 pub(super) fn finish_provisioned(
     opts: &Options,
     root: &Sysroot,
-    s: &mut Summary,
+    summary: &mut Summary,
     keygen: Option<Keygen>,
 ) {
     let mut state = State::load(root).unwrap_or_default();
     let vm_id = root.read_marker();
-    s.hostname = state.hostname.clone();
-    s.username = state.username.clone();
+    summary.hostname = state.hostname.clone();
+    summary.username = state.username.clone();
     let resend = state.report == Some(Acked::Pending) && state.provisioned_at.is_some();
     let keys =
         opts.host_keys && !(state.host_keys_vm_id.is_some() && state.host_keys_vm_id == vm_id);
@@ -41,13 +41,13 @@ pub(super) fn finish_provisioned(
         log::info!(
             "host keys: the rsa key of this VM was never finished; making it after the handover"
         );
-        s.hostname = state.hostname.clone();
-        s.host_keys = state.host_keys.clone();
-        s.host_keys_pending = vec![hostkeys::KeyType::Rsa.name()];
+        summary.hostname = state.hostname.clone();
+        summary.host_keys = state.host_keys.clone();
+        summary.host_keys_pending = vec![hostkeys::KeyType::Rsa.name()];
     }
     if !resend && !keys {
         if rsa_owed {
-            finish_host_keys_later(root, s, true);
+            finish_host_keys_later(root, summary, true);
         }
         return;
     }
@@ -55,12 +55,12 @@ pub(super) fn finish_provisioned(
     let _writable = writable(&opts.root, opts.remount);
     // an MSP VM's Ready goes after the Guest Proxy Agent, by azprov-msp.service; what keeps it
     // from going is reported instead
-    s.msp = state.msp;
+    summary.msp = state.msp;
     let outcome = match (resend, state.msp) {
         (false, _) => None,
         (true, true) => match super::msp::decide(opts, root, true) {
             Msp::Defer => {
-                s.report = Report::Deferred;
+                summary.report = Report::Deferred;
                 None
             }
             Msp::Fail(mut f) => {
@@ -78,7 +78,7 @@ pub(super) fn finish_provisioned(
     };
     if outcome
         .as_ref()
-        .is_some_and(|o| resend_ready(opts, root, state.hostname.as_deref(), s, o))
+        .is_some_and(|o| resend_ready(opts, root, state.hostname.as_deref(), summary, o))
     {
         state.report = Some(Acked::Ready);
         state.reported_at = Some(crate::time::now_rfc3339());
@@ -89,14 +89,14 @@ pub(super) fn finish_provisioned(
     }
     if keys {
         log::info!("host keys: none made for this VM yet; making them");
-        s.hostname = state.hostname.clone();
+        summary.hostname = state.hostname.clone();
         let generated = keygen.map_or_else(
             || hostkeys::generate(&opts.sys, &opts.host_key_types),
             Keygen::join,
         );
-        install_host_keys(root, generated, s);
-        if !s.host_keys.is_empty() {
-            state.host_keys = s.host_keys.clone();
+        install_host_keys(root, generated, summary);
+        if !summary.host_keys.is_empty() {
+            state.host_keys = summary.host_keys.clone();
             state.host_keys_vm_id = vm_id;
         }
     }
@@ -108,7 +108,7 @@ pub(super) fn finish_provisioned(
     // after this run's own save: the helper adds to state.json too, through the same
     // temporary name
     if keys || rsa_owed {
-        finish_host_keys_later(root, s, true);
+        finish_host_keys_later(root, summary, true);
     }
 }
 
@@ -120,13 +120,18 @@ fn resend_ready(
     opts: &Options,
     root: &Sysroot,
     hostname: Option<&str>,
-    s: &mut Summary,
+    summary: &mut Summary,
     outcome: &Result<(), Failure>,
 ) -> bool {
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
     let start = prepare_network(opts, deadline);
-    let network = network(opts.wireserver, start, hostname, &mut s.timings_ms.dhcp);
+    let network = bring_up_dhcp(
+        opts.wireserver,
+        start,
+        hostname,
+        &mut summary.timings_ms.dhcp,
+    );
     let client = Client::new();
     let ws = WireServer {
         client: &client,
@@ -137,11 +142,11 @@ fn resend_ready(
         &ws,
         &kvp,
         outcome,
-        s.vm_id.as_deref(),
+        summary.vm_id.as_deref(),
         report_deadline(&network, deadline),
-        &mut s.timings_ms.report,
+        &mut summary.timings_ms.report,
     );
-    record_report(s, outcome, &acked);
+    record_report(summary, outcome, &acked);
     release_network(opts.keep_network, network);
     kvp.finish(deadline);
     acked.is_ok() && outcome.is_ok()

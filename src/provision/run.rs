@@ -8,7 +8,7 @@ use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::merge::merge;
 use super::msp::{self, Msp};
-use super::network::{network, prepare_network, release_network, wireserver_addr, NetStart};
+use super::network::{bring_up_dhcp, prepare_network, release_network, wireserver_addr, NetStart};
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
 use super::report::{record_report, report, report_deadline};
@@ -144,13 +144,13 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
     let acked = run.report(&ws, &kvp, &written, report_deadline(&network, deadline));
     release_network(opts.keep_network, network);
     if let Some(k) = keygen {
-        install_host_keys(root, k.join(), &mut run.s);
+        install_host_keys(root, k.join(), &mut run.summary);
     }
     // the wait for the host's read of the report, and what it saw, go into the log and the total
     kvp.finish(deadline);
     run.save(&written, &acked, earlier.as_ref(), &capture);
-    finish_host_keys_later(root, &run.s, true);
-    run.s
+    finish_host_keys_later(root, &run.summary, true);
+    run.summary
 }
 
 /// One run into one root: what every stage reads (the options, the root) and the summary the
@@ -159,7 +159,8 @@ struct Run<'a> {
     opts: &'a Options,
     root: &'a Sysroot,
     t0: Instant,
-    s: Summary,
+    /// What the run did, as `azprov status` and boot.json tell it.
+    summary: Summary,
     /// When the writes finished, and when Azure acknowledged the report (RFC 3339).
     provisioned_at: Option<String>,
     reported_at: Option<String>,
@@ -177,7 +178,7 @@ impl<'a> Run<'a> {
             opts,
             root,
             t0: Instant::now(),
-            s: Summary::new(vmid::read(&opts.dmi, &opts.sys)),
+            summary: Summary::new(vmid::read(&opts.dmi, &opts.sys)),
             provisioned_at: None,
             reported_at: None,
         }
@@ -203,9 +204,9 @@ impl<'a> Run<'a> {
     /// The end of a run that does not provision. Off Azure, a cleaned image (no host keys)
     /// still gets them: sshd needs them, and they need no packet.
     fn end_elsewhere(mut self, report: Report, keygen: Option<Keygen>) -> Summary {
-        self.s.report = report;
+        self.summary.report = report;
         if report == Report::Disabled {
-            return self.s;
+            return self.summary;
         }
         if self.opts.host_keys && super::hostkeys::none_in(self.root) {
             log::info!("host keys: the root has none; making them (no network needed)");
@@ -214,11 +215,11 @@ impl<'a> Run<'a> {
                 || hostkeys::generate(&self.opts.sys, &self.opts.host_key_types),
                 Keygen::join,
             );
-            install_host_keys(self.root, generated, &mut self.s);
-            finish_host_keys_later(self.root, &self.s, false);
+            install_host_keys(self.root, generated, &mut self.summary);
+            finish_host_keys_later(self.root, &self.summary, false);
         }
-        self.s.timings_ms.total = ms(self.t0.elapsed());
-        self.s
+        self.summary.timings_ms.total = ms(self.t0.elapsed());
+        self.summary
     }
 
     /// The root grows to its disk on every boot, before anything is written into it; only a
@@ -231,7 +232,7 @@ impl<'a> Run<'a> {
             });
             let line = grown.unwrap_or_else(|why| format!("skipped: {why}"));
             log::info!("growroot: {line}");
-            self.s.growroot = Some(line);
+            self.summary.growroot = Some(line);
         }
     }
 
@@ -253,14 +254,15 @@ impl<'a> Run<'a> {
             return None;
         }
         // the VM id the run read from DMI at its start
-        already_provisioned(self.root, self.s.vm_id.as_deref())
+        already_provisioned(self.root, self.summary.vm_id.as_deref())
     }
 
     /// A new VM (the marker names another VM id): the earlier VM's custom data, user data and
     /// IMDS document go before anything can fail, so that no failure leaves them to be run
     /// or shown as this VM's.
     fn drop_earlier_vms_data(&self) {
-        let (Some(marker), Some(id)) = (self.root.read_marker(), self.s.vm_id.as_deref()) else {
+        let (Some(marker), Some(id)) = (self.root.read_marker(), self.summary.vm_id.as_deref())
+        else {
             return;
         };
         if marker == id {
@@ -281,21 +283,25 @@ impl<'a> Run<'a> {
     /// A provisioned reboot: nothing, or what the first boot still owes (reboot.rs).
     fn end_provisioned(mut self, why: &str, keygen: Option<Keygen>) -> Summary {
         log::info!("already provisioned ({why}); nothing to do");
-        self.s.report = Report::Skipped;
-        self.s.vm_id = self.s.vm_id.take().or_else(|| self.root.read_marker());
-        finish_provisioned(self.opts, self.root, &mut self.s, keygen);
-        self.s.timings_ms.total = ms(self.t0.elapsed());
-        self.s
+        self.summary.report = Report::Skipped;
+        self.summary.vm_id = self
+            .summary
+            .vm_id
+            .take()
+            .or_else(|| self.root.read_marker());
+        finish_provisioned(self.opts, self.root, &mut self.summary, keygen);
+        self.summary.timings_ms.total = ms(self.t0.elapsed());
+        self.summary
     }
 
     /// What MSP asks of this run, once the OVF says whether the VM was created with it.
     fn msp(&mut self, ovf: &Result<Option<OvfEnv>, Failure>) -> Msp {
         let flag = ovf_env(ovf).is_some_and(|o| o.provision_guest_proxy_agent);
-        self.s.msp = flag;
+        self.summary.msp = flag;
         match msp::decide(self.opts, self.root, flag) {
             Msp::Defer => {
                 // the host keys' comment, as on any first boot
-                self.s.hostname = ovf_env(ovf).map(|o| o.hostname.clone());
+                self.summary.hostname = ovf_env(ovf).map(|o| o.hostname.clone());
                 Msp::Defer
             }
             Msp::Fail(mut f) => {
@@ -312,9 +318,9 @@ impl<'a> Run<'a> {
         log::info!(
             "msp: the VM was not created with the Metadata Security Protocol; the initramfs provisions it, nothing to do here"
         );
-        self.s.report = Report::Skipped;
-        self.s.timings_ms.total = ms(self.t0.elapsed());
-        self.s
+        self.summary.report = Report::Skipped;
+        self.summary.timings_ms.total = ms(self.t0.elapsed());
+        self.summary
     }
 
     /// An MSP VM in the initramfs: the link goes down unused, no packet was sent; the host keys
@@ -328,17 +334,17 @@ impl<'a> Run<'a> {
         capture: &crate::logger::Capture,
     ) -> Summary {
         drop(net_start);
-        self.s.report = Report::Deferred;
+        self.summary.report = Report::Deferred;
         if let Some(k) = keygen {
-            install_host_keys(self.root, k.join(), &mut self.s);
+            install_host_keys(self.root, k.join(), &mut self.summary);
         }
-        self.s.timings_ms.total = ms(self.t0.elapsed());
-        if let Err(e) = State::deferred(&self.s, earlier).save(self.root) {
+        self.summary.timings_ms.total = ms(self.t0.elapsed());
+        if let Err(e) = State::deferred(&self.summary, earlier).save(self.root) {
             log::warn!("cannot write the state: {e}");
         }
         super::record::save_log(self.root, &capture.contents());
-        finish_host_keys_later(self.root, &self.s, true);
-        self.s
+        finish_host_keys_later(self.root, &self.summary, true);
+        self.summary
     }
 
     /// The media read and the NIC's link-up, carrier wait and socket overlap: DHCP's first
@@ -348,7 +354,7 @@ impl<'a> Run<'a> {
         deadline: Deadline,
     ) -> (Result<Option<OvfEnv>, Failure>, Option<NetStart>) {
         let (opts, root) = (self.opts, self.root);
-        let media_ms = &mut self.s.timings_ms.media;
+        let media_ms = &mut self.summary.timings_ms.media;
         std::thread::scope(|sc| {
             let media = sc.spawn(|| {
                 let dl = deadline.min(opts.timeout / MEDIA_SHARE);
@@ -378,11 +384,11 @@ impl<'a> Run<'a> {
         ovf: &Result<Option<OvfEnv>, Failure>,
     ) -> Result<Option<Applied>, Failure> {
         let hostname = ovf_env(ovf).map(|o| o.hostname.clone());
-        network(
+        bring_up_dhcp(
             self.opts.wireserver,
             net_start,
             hostname.as_deref(),
-            &mut self.s.timings_ms.dhcp,
+            &mut self.summary.timings_ms.dhcp,
         )
     }
 
@@ -397,7 +403,7 @@ impl<'a> Run<'a> {
             return Err(f.clone());
         }
         let imds = Stage::start("imds").recoverable().run(
-            &mut self.s.timings_ms.imds,
+            &mut self.summary.timings_ms.imds,
             || metadata(&self.opts.imds, ws, deadline),
             |m| format!("vmId {}, {} key(s)", m.vm_id, m.ssh_keys.len()),
         );
@@ -419,9 +425,13 @@ impl<'a> Run<'a> {
         mount_failure: Option<Failure>,
     ) -> Result<Written, Failure> {
         let data = data?;
-        self.s.describe(&data);
-        let vm_id = self.s.vm_id.clone().unwrap_or_else(|| UNKNOWN_VM.into());
-        let owed = State::owed(&self.s, earlier);
+        self.summary.describe(&data);
+        let vm_id = self
+            .summary
+            .vm_id
+            .clone()
+            .unwrap_or_else(|| UNKNOWN_VM.into());
+        let owed = State::owed(&self.summary, earlier);
         let root = self.root;
         let write = || {
             // never into the directory a filesystem will be mounted over
@@ -435,7 +445,7 @@ impl<'a> Run<'a> {
             super::write::write_all(root, &data, hash, &vm_id, &owed)
         };
         let root_path = self.opts.root.display();
-        let written = Stage::start("write").run(&mut self.s.timings_ms.write, write, |_| {
+        let written = Stage::start("write").run(&mut self.summary.timings_ms.write, write, |_| {
             format!("{root_path} provisioned")
         });
         if let Some(rc) = &self.opts.run_config {
@@ -456,7 +466,7 @@ impl<'a> Run<'a> {
         // (only the running system's own root: never a directory a test provisions)
         let running =
             (self.opts.after_proxy_agent || self.opts.in_place) && self.opts.root == Path::new("/");
-        if let (true, Ok(_), Some(name)) = (running, &written, &self.s.hostname) {
+        if let (true, Ok(_), Some(name)) = (running, &written, &self.summary.hostname) {
             match crate::sys::set_hostname(name) {
                 Ok(()) => log::info!("hostname: {name} set in the running system"),
                 Err(e) => log::warn!("hostname: cannot set {name} in the running system: {e}"),
@@ -479,11 +489,11 @@ impl<'a> Run<'a> {
             ws,
             kvp,
             &outcome,
-            self.s.vm_id.as_deref(),
+            self.summary.vm_id.as_deref(),
             deadline,
-            &mut self.s.timings_ms.report,
+            &mut self.summary.timings_ms.report,
         );
-        record_report(&mut self.s, &outcome, &acked);
+        record_report(&mut self.summary, &outcome, &acked);
         self.reported_at = acked.is_ok().then(crate::time::now_rfc3339);
         acked
     }
@@ -496,10 +506,10 @@ impl<'a> Run<'a> {
         earlier: Option<&State>,
         capture: &crate::logger::Capture,
     ) {
-        self.s.timings_ms.total = ms(self.t0.elapsed());
-        log::info!("total: {} ms", self.s.timings_ms.total);
+        self.summary.timings_ms.total = ms(self.t0.elapsed());
+        log::info!("total: {} ms", self.summary.timings_ms.total);
         let state = State::after_run(
-            &self.s,
+            &self.summary,
             (written, self.provisioned_at.take()),
             (acked, self.reported_at.take()),
             earlier,

@@ -44,8 +44,8 @@ pub fn write_all(
     drop(batch);
     let account = match (account, system) {
         (Ok(a), Ok(())) => a,
-        (Err((i, e)), Err((j, f))) => return Err(if i < j { e } else { f }),
-        (Err((_, e)), _) | (_, Err((_, e))) => return Err(e),
+        (Err(a), Err(b)) => return Err(if a.order < b.order { a } else { b }.failure),
+        (Err(step), _) | (_, Err(step)) => return Err(step.failure),
     };
     synced.map_err(|e| {
         supported(
@@ -77,9 +77,12 @@ pub fn write_all(
     })
 }
 
-/// A failed step: its place in the contract's order (docs/contracts.md, "The file contract"),
-/// and the failure.
-type Step = (u8, Failure);
+/// A step that failed: its place in the contract's order (docs/contracts.md, "The file
+/// contract"), so the earlier of two concurrent failures is the one reported, and the failure.
+struct FailedStep {
+    order: u8,
+    failure: Failure,
+}
 
 /// The contract's steps in order, with the files each writes (as the end of a host path).
 const STEPS: &[(Reason, &[&str])] = &[
@@ -119,14 +122,14 @@ fn reason_for(e: &WriteError, fallback: Reason) -> Reason {
 
 /// `reason`'s failure for `e`, or the failure of the step whose file `e` names, with its place
 /// in the contract's order.
-fn fail(root: &Sysroot, reason: Reason) -> impl Fn(WriteError) -> Step + '_ {
+fn fail(root: &Sysroot, reason: Reason) -> impl Fn(WriteError) -> FailedStep + '_ {
     move |e| {
         let r = reason_for(&e, reason);
         let at = STEPS.iter().position(|(s, _)| *s == r).unwrap_or(0);
-        (
-            u8::try_from(at).unwrap_or(0),
-            supported(root, Failure::new(r, &e), &e),
-        )
+        FailedStep {
+            order: u8::try_from(at).unwrap_or(0),
+            failure: supported(root, Failure::new(r, &e), &e),
+        }
     }
 }
 
@@ -154,7 +157,7 @@ fn write_account(
     root: &Sysroot,
     data: &ProvisioningData,
     hash: Option<Result<Secret<String>, WriteError>>,
-) -> Result<super::sysroot::Account, Step> {
+) -> Result<super::sysroot::Account, FailedStep> {
     let user = &data.username.0;
     let hash = match (&data.password, hash) {
         (None, _) => None,
@@ -165,7 +168,10 @@ fn write_account(
     let account = root.ensure_user(user, hash.as_ref()).map_err(|e| match e {
         WriteError::SystemAccount { .. }
         | WriteError::NoLogin { .. }
-        | WriteError::SystemGroup { .. } => (1, Failure::new(Reason::InvalidUsername, e)),
+        | WriteError::SystemGroup { .. } => FailedStep {
+            order: 1,
+            failure: Failure::new(Reason::InvalidUsername, e),
+        },
         e => fail(root, Reason::CreateUser)(e),
     })?;
     log::info!(
@@ -193,7 +199,7 @@ fn write_account(
 pub const VM_DATA: [&str; 3] = ["customdata", "userdata", "imds.json"];
 
 /// The system chain: hostname, sshd's password setting, custom data, user data, IMDS.
-fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), Step> {
+fn write_system(root: &Sysroot, data: &ProvisioningData) -> Result<(), FailedStep> {
     root.write_hostname(&data.hostname.0)
         .map_err(fail(root, Reason::WriteHostname))?;
     let password_auth = match data.disable_password_auth {
