@@ -1,7 +1,8 @@
 //! The design documents stay a map of the code: every reference to one from src/ names a
 //! document that exists and, where it quotes a section, a heading that document has;
-//! DESIGN.md's code map names every module and stays within 32 KB; README.md stays within 200
-//! lines.
+//! DESIGN.md's code map names every module in its folder's entry and stays within 32 KB;
+//! README.md stays within 200 lines; azprov(8) names exactly the `azprov.*` words config.rs
+//! reads.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -196,5 +197,44 @@ fn the_readme_is_at_most_200_lines() {
     assert!(
         lines <= 200,
         "README.md has {lines} lines; details go to docs/"
+    );
+}
+
+/// The `azprov.WORD` names in `text` (`azprov.` followed by lowercase letters).
+fn azprov_words(text: &str) -> std::collections::BTreeSet<String> {
+    text.match_indices("azprov.")
+        .map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            let end = rest
+                .find(|c: char| !c.is_ascii_lowercase())
+                .unwrap_or(rest.len());
+            rest[..end].to_string()
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Every `azprov.*` word of the kernel command line that config.rs reads is in azprov(8), and
+/// azprov(8) names no word of the command line that config.rs does not read.
+#[test]
+fn the_command_line_words_are_the_man_pages() {
+    let config = fs::read_to_string(top().join("src/config.rs")).expect("config.rs");
+    let config = config.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    // the words as the parser matches them: string literals
+    let read: std::collections::BTreeSet<String> = azprov_words(config)
+        .into_iter()
+        .filter(|w| config.contains(&format!("\"azprov.{w}\"")))
+        .collect();
+    let man = fs::read_to_string(top().join("docs/azprov.8")).expect("azprov.8");
+    // files and units named azprov.something are not command-line words
+    let not_words = ["conf", "log", "service", "json"];
+    let documented: std::collections::BTreeSet<String> = azprov_words(&man)
+        .into_iter()
+        .filter(|w| read.contains(w) || !not_words.contains(&w.as_str()))
+        .collect();
+    assert!(read.len() >= 15, "config.rs reads {read:?}");
+    assert_eq!(
+        read, documented,
+        "config.rs's azprov.* words against azprov(8)'s"
     );
 }
