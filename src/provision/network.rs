@@ -4,7 +4,9 @@
 use super::options::Options;
 use super::stage::Stage;
 use super::{Failure, Reason};
-use crate::azure::wireserver;
+use super::report::report_deadline;
+use crate::azure::http::Client;
+use crate::azure::wireserver::{self, WireServer};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
 use crate::net::dhclient::{self, DhcpError, Prepared};
@@ -25,8 +27,45 @@ pub(crate) struct NetStart {
     prepared: Result<Prepared, DhcpError>,
 }
 
+/// The network of one run or reboot: the DHCP stage's lease (or why there is none), the one
+/// HTTP client, and the WireServer's address the two give; torn down, or kept with
+/// `azprov.keepnet`, by [`Link::release`].
+pub(crate) struct Link {
+    pub(crate) lease: Result<Option<Applied>, Failure>,
+    client: Client,
+    addr: SocketAddr,
+}
+
+impl Link {
+    /// The link the DHCP stage left, the WireServer at `--wireserver` (`flag`) or the lease's.
+    pub(crate) fn new(flag: Option<SocketAddr>, lease: Result<Option<Applied>, Failure>) -> Link {
+        Link {
+            addr: wireserver_addr(flag, &lease),
+            lease,
+            client: Client::new(),
+        }
+    }
+
+    pub(crate) fn wireserver(&self) -> WireServer<'_> {
+        WireServer {
+            client: &self.client,
+            addr: self.addr,
+        }
+    }
+
+    /// The health report's deadline: shorter without a lease ([`report_deadline`]).
+    pub(crate) fn report_deadline(&self, deadline: Deadline) -> Deadline {
+        report_deadline(&self.lease, deadline)
+    }
+
+    /// After the report: the lease undone, or kept with `keep`.
+    pub(crate) fn release(self, keep: bool) {
+        release_network(keep, self.lease);
+    }
+}
+
 /// The WireServer's endpoint ([`wireserver::endpoint`]) with the lease's option 245, if any.
-pub(crate) fn wireserver_addr(
+fn wireserver_addr(
     flag: Option<SocketAddr>,
     network: &Result<Option<Applied>, Failure>,
 ) -> SocketAddr {
@@ -107,7 +146,7 @@ pub(crate) fn bring_up_dhcp(
 
 /// After the report: the lease torn down (routes, address, MTU, link state as they were), or
 /// left configured with `azprov.keepnet` (`keep`).
-pub(crate) fn release_network(keep: bool, network: Result<Option<Applied>, Failure>) {
+fn release_network(keep: bool, network: Result<Option<Applied>, Failure>) {
     if let Ok(Some(applied)) = network {
         if keep {
             applied.keep();

@@ -5,15 +5,13 @@ use super::hostkeys::{self, Keygen};
 use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::msp::Msp;
-use super::network::{bring_up_dhcp, prepare_network, release_network, wireserver_addr};
+use super::network::{bring_up_dhcp, prepare_network, Link};
 use super::options::Options;
-use super::report::{record_report, report, report_deadline};
+use super::report::{record_report, report};
 use super::state::{Acked, State};
 use super::summary::{Report, Summary};
 use super::sysroot::{writable, Sysroot};
 use super::Failure;
-use crate::azure::http::Client;
-use crate::azure::wireserver::WireServer;
 use crate::deadline::Deadline;
 
 /// A provisioned boot does nothing unless the first boot left work undone: a Ready the
@@ -126,28 +124,22 @@ fn resend_ready(
     log::info!("the Ready of the first boot was not acknowledged; reporting it again");
     let deadline = Deadline::after(opts.timeout);
     let start = prepare_network(opts, deadline);
-    let network = bring_up_dhcp(
+    let dhcp_ms = &mut summary.timings_ms.dhcp;
+    let link = Link::new(
         opts.wireserver,
-        start,
-        hostname,
-        &mut summary.timings_ms.dhcp,
+        bring_up_dhcp(opts.wireserver, start, hostname, dhcp_ms),
     );
-    let client = Client::new();
-    let ws = WireServer {
-        client: &client,
-        addr: wireserver_addr(opts.wireserver, &network),
-    };
     let kvp = KvpReport::start(&opts.kvp_device, Some(root));
     let acked = report(
-        &ws,
+        &link.wireserver(),
         &kvp,
         outcome,
         summary.vm_id.as_deref(),
-        report_deadline(&network, deadline),
+        link.report_deadline(deadline),
         &mut summary.timings_ms.report,
     );
     record_report(summary, outcome, &acked);
-    release_network(opts.keep_network, network);
+    link.release(opts.keep_network);
     kvp.finish(deadline);
     acked.is_ok() && outcome.is_ok()
 }

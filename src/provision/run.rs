@@ -8,10 +8,10 @@ use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
 use super::merge::merge;
 use super::msp::{self, Msp};
-use super::network::{bring_up_dhcp, prepare_network, release_network, wireserver_addr, NetStart};
+use super::network::{bring_up_dhcp, prepare_network, Link, NetStart};
 pub use super::options::{MediaSource, Mode, Options, CDROM_SETTLE};
 use super::reboot::finish_provisioned;
-use super::report::{record_report, report, report_deadline};
+use super::report::{record_report, report};
 use super::sources::{describe_media, metadata, read_media, MEDIA_SHARE};
 use super::stage::{ms, Stage};
 use super::state::Written;
@@ -19,7 +19,6 @@ use super::state::{State, UNKNOWN_VM};
 pub use super::summary::{Report, Summary};
 use super::sysroot::{self, writable, Sysroot};
 use super::{Failure, Reason};
-use crate::azure::http::Client;
 use crate::azure::ovf::OvfEnv;
 use crate::azure::wireserver::{Reported, WireServer};
 use crate::azure::{platform, vmid};
@@ -128,21 +127,17 @@ pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> S
         Msp::Fail(f) => Some(f),
     };
     let hashing = hash_beside(&ovf);
-    let network = run.dhcp(net_start, &ovf);
-    let client = Client::new();
-    let ws = WireServer {
-        client: &client,
-        addr: wireserver_addr(opts.wireserver, &network),
-    };
+    let link = Link::new(opts.wireserver, run.dhcp(net_start, &ovf));
+    let ws = link.wireserver();
     let data = match msp_failure {
-        Some(f) => network.as_ref().map_err(Clone::clone).and(Err(f)),
-        None => run.imds_and_merge(&network, &ws, &ovf, deadline),
+        Some(f) => link.lease.as_ref().map_err(Clone::clone).and(Err(f)),
+        None => run.imds_and_merge(&link.lease, &ws, &ovf, deadline),
     };
     let written = run.write(data, hashing, earlier.as_ref(), mount_failure);
     // never into /var when the filesystem fstab mounts there is missing
     let kvp = KvpReport::start(&opts.kvp_device, fstab_ok.then_some(root));
-    let acked = run.report(&ws, &kvp, &written, report_deadline(&network, deadline));
-    release_network(opts.keep_network, network);
+    let acked = run.report(&ws, &kvp, &written, link.report_deadline(deadline));
+    link.release(opts.keep_network);
     if let Some(k) = keygen {
         install_host_keys(root, k.join(), &mut run.summary);
     }
