@@ -2,9 +2,9 @@
 //! WireServer's address, and the lease undone at the end.
 
 use super::options::Options;
+use super::report::report_deadline;
 use super::stage::Stage;
 use super::{Failure, Reason};
-use super::report::report_deadline;
 use crate::azure::http::Client;
 use crate::azure::wireserver::{self, WireServer};
 use crate::deadline::Deadline;
