@@ -352,3 +352,30 @@ fn no_function_is_over_100_lines() {
     let lengths = function_lengths("fn a() {\n    // }\n\n    let s = \"}\";\n}\nfn b() {}\n");
     assert_eq!(lengths, [("a".to_string(), 4), ("b".to_string(), 1)]);
 }
+
+/// One module-file convention: a folder's module is its `mod.rs`; a file `x.rs` has at most
+/// its unit tests beside it (`x/tests.rs`), never submodules of its own.
+#[test]
+fn a_module_with_submodules_is_a_folder_with_mod_rs() {
+    let mut all = Vec::new();
+    files(Path::new(SRC), &mut all);
+    let mut wrong = Vec::new();
+    for path in &all {
+        let beside = path.with_extension("");
+        if path.file_name().is_some_and(|n| n != "mod.rs") && beside.is_dir() {
+            let others: Vec<String> = std::fs::read_dir(&beside)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "tests.rs")
+                .collect();
+            if !others.is_empty() {
+                wrong.push(format!("{} beside {others:?}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "make these folders with mod.rs:\n{}",
+        wrong.join("\n")
+    );
+}
