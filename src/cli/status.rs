@@ -7,9 +7,9 @@
 
 use super::{opt, print_json, Args, CliError};
 use crate::azure::reason::Reason;
-use crate::provision::record::{self, BootRecord};
+use crate::provision::record::{self, BootRecord, BootSummary};
 use crate::provision::state::{Acked, State, Timings};
-use crate::provision::summary::SCHEMA;
+use crate::provision::summary::{Report, SCHEMA};
 use crate::provision::sysroot::{Sysroot, LOG_FILE, STATE_DIR};
 use serde::Serialize;
 
@@ -40,8 +40,8 @@ struct Status {
     provisioned: Provisioned,
     /// What Azure acknowledged for the provisioning: ready, failure or pending (none yet).
     report: Option<Acked>,
-    /// What this boot's run did: ready, failure, pending, skipped, disabled, not-azure.
-    this_boot: Option<String>,
+    /// What this boot's run did: ready, failure, pending, skipped, disabled, not-azure, deferred.
+    this_boot: Option<Report>,
     vm_id: Option<String>,
     provisioned_at: Option<String>,
     reported_at: Option<String>,
@@ -77,42 +77,35 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
         (Some(_), None) => None,
         _ => record::load(&record::dir(run_dir)),
     };
-    let this = |k: &str| {
-        boot.as_ref()
-            .and_then(|b| b.summary.get(k))
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    };
-    let (state, state_unreadable) = match root.read(&format!("{STATE_DIR}/{}", "state.json")) {
-        Err(e) => (None, Some(crate::logger::errno_names(&e.to_string()))),
-        Ok(_) => (State::load(&root), None),
-    };
+    let this = boot.as_ref().map(|b| &b.summary);
+    let this_boot = this.and_then(|s| s.report);
+    let field = |f: fn(&BootSummary) -> &Option<String>| this.and_then(|s| f(s).clone());
+    let (state, state_unreadable) =
+        match root.read(&format!("{STATE_DIR}/{}", crate::provision::state::FILE)) {
+            Err(e) => (None, Some(crate::logger::errno_names(&e.to_string()))),
+            Ok(_) => (State::load(&root), None),
+        };
     let marker = root.read_marker();
     let provisioned = provisioned(
         marker.as_deref(),
         offline.is_some(),
         state_unreadable.is_some(),
-        this("report").as_deref(),
+        this_boot,
     );
     let state = state.unwrap_or_default();
-    let reason = state.reason.clone().or_else(|| this("reason"));
+    let reason = state.reason.clone().or_else(|| field(|s| &s.reason));
     let st = Status {
         schema: SCHEMA,
         version: crate::VERSION,
         provisioned,
-        report: state.report.or(match this("report").as_deref() {
-            Some("ready") => Some(Acked::Ready),
-            Some("failure") => Some(Acked::Failure),
-            Some("pending") => Some(Acked::Pending),
-            _ => None,
-        }),
-        this_boot: this("report"),
+        report: state.report.or(this_boot.and_then(Acked::from_report)),
+        this_boot,
         // one vocabulary with the run's summary: no VM id known is null
         vm_id: state
             .vm_id
             .clone()
             .or(marker.clone())
-            .or_else(|| this("vm_id"))
+            .or_else(|| field(|s| &s.vm_id))
             .filter(|id| id != crate::provision::state::UNKNOWN_VM),
         provisioned_at: state.provisioned_at.clone(),
         reported_at: state.reported_at.clone(),
@@ -121,16 +114,11 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
             .and_then(Reason::from_text)
             .and_then(Reason::hint),
         reason,
-        cause: state.cause.clone().or_else(|| this("cause")),
-        stage: state.stage.clone().or_else(|| this("stage")),
-        hostname: state.hostname.clone().or_else(|| this("hostname")),
-        username: state.username.clone().or_else(|| this("username")),
-        msp: state.msp
-            || boot
-                .as_ref()
-                .and_then(|b| b.summary.get("msp"))
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false),
+        cause: state.cause.clone().or_else(|| field(|s| &s.cause)),
+        stage: state.stage.clone().or_else(|| field(|s| &s.stage)),
+        hostname: state.hostname.clone().or_else(|| field(|s| &s.hostname)),
+        username: state.username.clone().or_else(|| field(|s| &s.username)),
+        msp: state.msp || this.is_some_and(|s| s.msp),
         host_keys: state.host_keys.clone(),
         timings_ms: state.report.map(|_| state.timings_ms),
         log: boot
@@ -148,7 +136,7 @@ pub(super) fn cmd_status(args: &[String]) -> Result<(), CliError> {
     } else {
         print_text(&st, boot.as_ref());
     }
-    let not_to_provision = matches!(st.this_boot.as_deref(), Some("disabled" | "not-azure"));
+    let not_to_provision = matches!(st.this_boot, Some(Report::Disabled | Report::NotAzure));
     match (st.provisioned, st.report) {
         (Provisioned::Yes, Some(Acked::Ready)) => Ok(()),
         (Provisioned::No, _) if not_to_provision => Ok(()),
@@ -169,12 +157,12 @@ fn provisioned(
     marker: Option<&str>,
     offline: bool,
     state_unreadable: bool,
-    report: Option<&str>,
+    report: Option<Report>,
 ) -> Provisioned {
     let yes = |b: bool| if b { Provisioned::Yes } else { Provisioned::No };
     match (marker, offline) {
         (None, _) if state_unreadable => match report {
-            Some(r) => yes(matches!(r, "ready" | "skipped")),
+            Some(r) => yes(matches!(r, Report::Ready | Report::Skipped)),
             None => Provisioned::Unknown,
         },
         (None, _) => Provisioned::No,
@@ -194,15 +182,14 @@ fn print_text(st: &Status, boot: Option<&BootRecord>) {
         Acked::Failure => "failure (NotReady acknowledged by Azure)",
         Acked::Pending => "pending (not acknowledged by Azure yet)",
     });
-    let this_boot = st.this_boot.as_deref().map(|b| match b {
-        "disabled" => "disabled on the kernel command line (azprov=0): nothing done",
-        "not-azure" => "not an Azure VM: nothing done (azprov.force provisions anyway)",
-        "skipped" => "already provisioned: nothing done",
-        "ready" => "provisioned, Ready acknowledged",
-        "failure" => "provisioning failed, NotReady acknowledged",
-        "pending" => "no report acknowledged by Azure",
-        "deferred" => "created with MSP: the initramfs sent nothing; azprov-msp.service reports after azure-proxy-agent",
-        other => other,
+    let this_boot = st.this_boot.map(|b| match b {
+        Report::Disabled => "disabled on the kernel command line (azprov=0): nothing done",
+        Report::NotAzure => "not an Azure VM: nothing done (azprov.force provisions anyway)",
+        Report::Skipped => "already provisioned: nothing done",
+        Report::Ready => "provisioned, Ready acknowledged",
+        Report::Failure => "provisioning failed, NotReady acknowledged",
+        Report::Pending => "no report acknowledged by Azure",
+        Report::Deferred => "created with MSP: the initramfs sent nothing; azprov-msp.service reports after azure-proxy-agent",
     });
     println!(
         "provisioned:    {}",

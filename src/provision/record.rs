@@ -4,7 +4,7 @@
 //! systemd initrd keeps it), so `azprov status` finds it without root and without anything
 //! written into the root on a boot that must not write (`azprov=0`, not Azure).
 
-use super::summary::Summary;
+use super::summary::{Report, Summary};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -13,16 +13,32 @@ use std::path::{Path, PathBuf};
 pub const RUN_DIR: &str = "/run/azprov";
 pub const FILE: &str = "boot.json";
 
-/// What `boot.json` holds: the run's summary and when and where its log went.
+/// What `boot.json` holds: the run's summary (`S`: the [`Summary`] written, the
+/// [`BootSummary`] read back) and when and where its log went.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct BootRecord {
+pub struct BootRecord<S = BootSummary> {
     /// When the run ended (RFC 3339).
     pub at: String,
     /// The root the run provisioned, as the run saw it.
     pub root: String,
     /// The run's log in that root.
     pub log: String,
-    pub summary: serde_json::Value,
+    pub summary: S,
+}
+
+/// What `azprov status` reads back of a boot's summary: the fields it merges with state.json
+/// (the names and values [`Summary`] writes; a field missing reads as none).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct BootSummary {
+    pub report: Option<Report>,
+    pub vm_id: Option<String>,
+    pub reason: Option<String>,
+    pub cause: Option<String>,
+    pub stage: Option<String>,
+    pub hostname: Option<String>,
+    pub username: Option<String>,
+    pub msp: bool,
 }
 
 /// Writes `summary` as this boot's record under `dir` (0755, the file 0644), atomically.
@@ -32,14 +48,14 @@ pub fn save(dir: &Path, root: &Path, summary: &Summary) {
         at: crate::time::now_rfc3339(),
         root: root.display().to_string(),
         log: super::sysroot::LOG_FILE.to_string(),
-        summary: serde_json::to_value(summary).unwrap_or_default(),
+        summary,
     };
     if let Err(e) = write(dir, &record) {
         log::warn!("cannot record this boot in {}: {e}", dir.display());
     }
 }
 
-fn write(dir: &Path, record: &BootRecord) -> std::io::Result<()> {
+fn write(dir: &Path, record: &BootRecord<&Summary>) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -114,8 +130,11 @@ mod tests {
         let md = std::fs::metadata(d.join(FILE)).unwrap();
         assert_eq!(md.permissions().mode() & 0o777, 0o644);
         let r = load(&d).unwrap();
-        assert_eq!(r.summary["report"], "disabled");
-        assert_eq!(r.summary["schema"], 1);
+        assert_eq!(
+            r.summary.report,
+            Some(super::super::summary::Report::Disabled)
+        );
+        assert_eq!(r.summary.vm_id.as_deref(), Some("vm-1"));
         assert_eq!(r.root, "/sysroot");
         let _ = std::fs::remove_dir_all(&d);
     }

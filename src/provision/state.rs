@@ -32,6 +32,19 @@ pub enum Acked {
     Pending,
 }
 
+impl Acked {
+    /// What a run's report says Azure acknowledged, if it reported at all.
+    pub fn from_report(r: super::summary::Report) -> Option<Acked> {
+        use super::summary::Report;
+        match r {
+            Report::Ready => Some(Acked::Ready),
+            Report::Failure => Some(Acked::Failure),
+            Report::Pending => Some(Acked::Pending),
+            Report::Skipped | Report::Disabled | Report::NotAzure | Report::Deferred => None,
+        }
+    }
+}
+
 /// What the marker holds when no VM id was known (it must hold something); read back, it is
 /// no VM id (`null` in JSON), as in the run's own summary.
 pub const UNKNOWN_VM: &str = "unknown";

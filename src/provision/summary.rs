@@ -19,7 +19,7 @@ pub struct Timings {
     pub total: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Report {
     /// Ready acknowledged by Azure.
