@@ -6,7 +6,7 @@ use crate::config::{self, Config, OnFail, RootSpec};
 use crate::modules::{self, modalias};
 use crate::provision::hostkeys::Keygen;
 use crate::provision::run::{early_keygen, provision_with, Mode, Options, Report};
-use crate::provision::sysroot::Sysroot;
+use crate::root::Sysroot;
 use crate::sys::kernel::{Kernel, Linux};
 use crate::sys::mount::MsFlags;
 use crate::sys::process::{self, Power};
@@ -409,7 +409,7 @@ impl Modules {
 
 /// The device for `root=`, once it exists.
 fn find_root_device(spec: &RootSpec) -> Option<(PathBuf, Option<&'static str>)> {
-    crate::provision::fstab::find(spec, Path::new("/sys/class/block"), Path::new("/dev"))
+    crate::root::fstab::find(spec, Path::new("/sys/class/block"), Path::new("/dev"))
 }
 
 /// How long to wait for the root device: `rootdelay=`, else without bound with `rootwait` (as

@@ -1,6 +1,6 @@
 //! fnmatch-style matching without classes: `*` any run, `?` any one character. kmod matches
 //! modules.alias patterns so (`modules::modalias`), and sshd's `Include` globs are read so
-//! (`provision::sysroot::includes`).
+//! (`root::includes`).
 
 /// `name` against a modules.alias pattern: `*` any run, `?` any one character, as fnmatch
 /// without classes. A pattern with a class (`[`, which no PCI or virtio alias has) matches

@@ -41,6 +41,7 @@ pub mod logger;
 pub mod modules;
 pub mod net;
 pub mod provision;
+pub mod root;
 pub mod secret;
 pub mod sys;
 pub mod time;

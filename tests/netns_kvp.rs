@@ -6,8 +6,8 @@
 mod common;
 
 use azprov::azure::kvp::responder::{Opener, Pools, Responder};
-use azprov::provision::sysroot::kvp::{BootClock, Freshness};
-use azprov::provision::sysroot::Sysroot;
+use azprov::root::kvp::{BootClock, Freshness};
+use azprov::root::Sysroot;
 use common::netns::*;
 use serde_json::{json, Value};
 use std::path::Path;

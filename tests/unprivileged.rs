@@ -6,7 +6,7 @@
 mod common;
 
 use azprov::provision::run::{provision_in, MediaSource, Mode, Options, Report};
-use azprov::provision::sysroot::{Owners, Sysroot};
+use azprov::root::{Owners, Sysroot};
 use common::{answer, goal_state, Server};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! Account-file editing on hostile passwd/group contents: never a panic, and every line that
 //! was there stays byte for byte (the new user is appended). Needs root (files are chowned).
 #![no_main]
-use azprov::provision::data::Username;
-use azprov::provision::sysroot::Sysroot;
+use azprov::root::values::Username;
+use azprov::root::Sysroot;
 use libfuzzer_sys::fuzz_target;
 use std::fs;
 

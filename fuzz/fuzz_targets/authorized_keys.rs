@@ -2,7 +2,7 @@
 //! splits into its options field and a TYPE BASE64 identity that is itself a key, which parses
 //! back to the same identity with no options.
 #![no_main]
-use azprov::provision::data::SshKey;
+use azprov::root::values::SshKey;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! and a lookup (every expression compiled and matched on the way) ends, whatever the
 //! expressions are: the matcher's step budget turns a runaway one into no match.
 #![no_main]
-use azprov::provision::selinux::FileContexts;
+use azprov::root::selinux::FileContexts;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

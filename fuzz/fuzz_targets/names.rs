@@ -1,6 +1,6 @@
 //! Host and user names: never a panic; what is accepted is what the rules allow.
 #![no_main]
-use azprov::provision::data::{Hostname, SshKey, Username};
+use azprov::root::values::{Hostname, SshKey, Username};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 
 use super::{print_json, usage, Args, CliError};
 use crate::provision::clean::{clean, CleanOptions};
-use crate::provision::sysroot::Sysroot;
+use crate::root::Sysroot;
 use std::path::Path;
 
 pub(super) fn cmd_clean(args: &[String]) -> Result<(), CliError> {

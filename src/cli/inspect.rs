@@ -49,7 +49,7 @@ pub(super) fn cmd_ovf(args: &[String]) -> Result<(), CliError> {
     };
     let env = ovf::parse(&bytes).map_err(|e| usage(format!("{name}: {e}")))?;
     // what provision checks of the same values: refused here as there
-    use crate::provision::data::{Hostname, SshKey, Username};
+    use crate::root::values::{Hostname, SshKey, Username};
     Hostname::parse(&env.hostname)
         .map_err(|e| usage(format!("{name}: {e}; provision would refuse it")))?;
     if let Some(u) = env.username.as_deref() {

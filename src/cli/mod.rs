@@ -122,7 +122,7 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
 fn run_scripts(args: &[String]) -> Result<(), CliError> {
     let a = Args::for_command(args, "run-scripts")?;
     a.no_positionals()?;
-    let root = crate::provision::sysroot::Sysroot::new(a.value("root")?.unwrap_or("/"));
+    let root = crate::root::Sysroot::new(a.value("root")?.unwrap_or("/"));
     let said = crate::provision::scripts::run_once(&root, &crate::provision::scripts::execute)
         .map_err(|e| CliError::Failed(format!("run-scripts: {e}")))?;
     for line in said {

@@ -10,7 +10,7 @@ use crate::azure::reason::Reason;
 use crate::provision::record::{self, BootRecord, BootSummary};
 use crate::provision::state::{Acked, State, Timings};
 use crate::provision::summary::{Report, SCHEMA};
-use crate::provision::sysroot::{Sysroot, LOG_FILE, STATE_DIR};
+use crate::root::{Sysroot, LOG_FILE, STATE_DIR};
 use serde::Serialize;
 
 /// Whether the root was provisioned, as far as this user can tell.

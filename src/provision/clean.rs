@@ -8,7 +8,7 @@
 
 use super::hostkeys::SSH_DIR;
 use super::state::State;
-use super::sysroot::{Sysroot, WriteError, LOG_FILE, SSHD_DROP_IN, STATE_DIR, SUDOERS};
+use crate::root::{Sysroot, WriteError, LOG_FILE, SSHD_DROP_IN, STATE_DIR, SUDOERS};
 use serde::Serialize;
 use std::fs;
 use std::path::Path;
@@ -149,10 +149,8 @@ fn clean_user(
     remove(root, SUDOERS, dry_run, c)?;
     remove(root, SSHD_DROP_IN, dry_run, c)?;
     if root.remove_sshd_setting(dry_run)? {
-        c.removed.push(format!(
-            "{} (azprov's two lines)",
-            crate::provision::sysroot::SSHD_CONFIG
-        ));
+        c.removed
+            .push(format!("{} (azprov's two lines)", crate::root::SSHD_CONFIG));
     }
     Ok(())
 }

@@ -2,13 +2,13 @@
 //! into the root's guest pool and served from the initramfs, before the health POST, so that the
 //! host can read why provisioning failed even when the WireServer cannot be reached.
 
-use super::sysroot::kvp::{BootClock, Freshness};
-use super::sysroot::Sysroot;
 use super::Failure;
 use crate::azure::kvp::responder::{Pools, Responder};
 use crate::azure::kvp::{self, Record, POOL_AUTO_EXTERNAL, POOL_EXTERNAL, POOL_GUEST};
 use crate::azure::wireserver::{encode_failure, encode_success, Limit};
 use crate::deadline::Deadline;
+use crate::root::kvp::{BootClock, Freshness};
+use crate::root::Sysroot;
 use std::path::Path;
 use std::time::Duration;
 

@@ -4,7 +4,6 @@
 
 pub mod clean;
 pub mod data;
-pub mod fstab;
 pub mod growroot;
 pub mod hostkeys;
 pub mod kvp;
@@ -19,12 +18,10 @@ pub mod resource_disk;
 pub mod run;
 pub mod run_config;
 pub mod scripts;
-pub mod selinux;
 pub mod sources;
 pub mod stage;
 pub mod state;
 pub mod summary;
-pub mod sysroot;
 pub mod write;
 
 pub use crate::azure::reason::{Failure, Reason};

@@ -8,8 +8,8 @@
 //! (or without the unit) gets a NotReady naming what is missing, before any IMDS request.
 
 use super::options::Options;
-use super::sysroot::Sysroot;
 use super::{Failure, Reason};
+use crate::root::Sysroot;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

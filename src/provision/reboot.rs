@@ -10,9 +10,9 @@ use super::options::Options;
 use super::report::{record_report, report};
 use super::state::{Acked, State};
 use super::summary::{Report, Summary};
-use super::sysroot::{writable, Sysroot};
 use super::Failure;
 use crate::deadline::Deadline;
+use crate::root::{writable, Sysroot};
 
 /// A provisioned boot does nothing unless the first boot left work undone: a Ready the
 /// WireServer never acknowledged (sent again), or no host keys made for this VM id yet (made,

@@ -47,7 +47,7 @@ pub fn save(dir: &Path, root: &Path, summary: &Summary) {
     let record = BootRecord {
         at: crate::time::now_rfc3339(),
         root: root.display().to_string(),
-        log: super::sysroot::LOG_FILE.to_string(),
+        log: crate::root::LOG_FILE.to_string(),
         summary,
     };
     if let Err(e) = write(dir, &record) {
@@ -74,8 +74,8 @@ fn write(dir: &Path, record: &BootRecord<&Summary>) -> std::io::Result<()> {
 
 /// Appends this run's log lines (`run`) to the root's log file, keeping the newest
 /// [`LOG_MAX`] bytes. A failure is a warning: the journal and the console have every line.
-pub fn save_log(root: &super::sysroot::Sysroot, run: &[u8]) {
-    use super::sysroot::LOG_FILE;
+pub fn save_log(root: &crate::root::Sysroot, run: &[u8]) {
+    use crate::root::LOG_FILE;
     let saved = root.mkdir("/var/log", 0o755, (0, 0)).and_then(|_| {
         let earlier = root.read(LOG_FILE).ok().flatten().unwrap_or_default();
         root.write(LOG_FILE, &appended(earlier, run, LOG_MAX), 0o640, (0, 0))

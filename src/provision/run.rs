@@ -2,7 +2,6 @@
 //! "teardown", shared by hook mode (`azprov provision --root`) and PID 1 mode.
 
 use super::data::ProvisioningData;
-use super::fstab;
 use super::hostkeys::{self, Keygen};
 use super::hostkeys::{finish_host_keys_later, install_host_keys};
 use super::kvp::KvpReport;
@@ -17,13 +16,14 @@ use super::stage::{ms, Stage};
 use super::state::Written;
 use super::state::{State, UNKNOWN_VM};
 pub use super::summary::{Report, Summary};
-use super::sysroot::{self, writable, Sysroot};
 use super::{Failure, Reason};
 use crate::azure::ovf::OvfEnv;
 use crate::azure::wireserver::{Reported, WireServer};
 use crate::azure::{platform, vmid};
 use crate::deadline::Deadline;
 use crate::net::apply::Applied;
+use crate::root::fstab;
+use crate::root::{writable, Sysroot};
 use crate::sys::mount::Mounted;
 use std::path::Path;
 use std::time::Instant;
@@ -32,15 +32,18 @@ use std::time::Instant;
 pub fn already_provisioned(root: &Sysroot, vm_id: Option<&str>) -> Option<String> {
     let marker = root.read_marker()?;
     match vm_id {
-        Some(id) if id == marker => Some(format!("VM id {id} matches {}", sysroot::MARKER)),
+        Some(id) if id == marker => Some(format!("VM id {id} matches {}", crate::root::MARKER)),
         Some(id) => {
             log::info!(
                 "{} holds {marker}, this VM is {id}: provisioning",
-                sysroot::MARKER
+                crate::root::MARKER
             );
             None
         }
-        None => Some(format!("{} exists and DMI has no VM id", sysroot::MARKER)),
+        None => Some(format!(
+            "{} exists and DMI has no VM id",
+            crate::root::MARKER
+        )),
     }
 }
 
@@ -92,7 +95,7 @@ pub fn provision_with(opts: &Options, keygen: Option<Keygen>) -> Summary {
 }
 
 /// `provision_with` into a given [`Sysroot`]: one whose owners are only recorded
-/// ([`sysroot::Owners::recording`]) lets a whole run go without root in tests. The stages of
+/// ([`crate::root::Owners::recording`]) lets a whole run go without root in tests. The stages of
 /// docs/DESIGN.md's diagram, in order; each is a method of [`Run`] below.
 pub fn provision_in(opts: &Options, root: &Sysroot, keygen: Option<Keygen>) -> Summary {
     let capture = crate::logger::Capture::install();
@@ -266,7 +269,7 @@ impl<'a> Run<'a> {
         for name in super::write::VM_DATA {
             match self
                 .root
-                .remove_file(&format!("{}/{name}", sysroot::STATE_DIR))
+                .remove_file(&format!("{}/{name}", crate::root::STATE_DIR))
             {
                 Ok(()) => {}
                 Err(e) => log::warn!("cannot remove the earlier VM's {name}: {e}"),
@@ -434,8 +437,9 @@ impl<'a> Run<'a> {
                 return Err(f);
             }
             let hash = hashing.map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(sysroot::WriteError::Corrupt("crypt panicked".into())))
+                h.join().unwrap_or_else(|_| {
+                    Err(crate::root::WriteError::Corrupt("crypt panicked".into()))
+                })
             });
             super::write::write_all(root, &data, hash, &vm_id, &owed)
         };
@@ -517,14 +521,15 @@ impl<'a> Run<'a> {
 }
 
 /// A password's SHA-512 crypt on its own thread.
-type Hashing = std::thread::JoinHandle<Result<crate::secret::Secret<String>, sysroot::WriteError>>;
+type Hashing =
+    std::thread::JoinHandle<Result<crate::secret::Secret<String>, crate::root::WriteError>>;
 
 /// The password's crypt (tens of ms of CPU under emulation), made while DHCP and IMDS are
 /// waited for; merge takes the password from the OVF only.
 fn hash_beside(ovf: &Result<Option<OvfEnv>, Failure>) -> Option<Hashing> {
     ovf_env(ovf)
         .and_then(|o| o.password.clone())
-        .map(|pw| std::thread::spawn(move || sysroot::hash_password(&pw)))
+        .map(|pw| std::thread::spawn(move || crate::root::hash_password(&pw)))
 }
 
 fn ovf_env(ovf: &Result<Option<OvfEnv>, Failure>) -> Option<&OvfEnv> {

@@ -212,7 +212,7 @@ fn mode(text: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::data::{Hostname, KeyEntry, Source, SshKey, Username};
+    use crate::root::values::{Hostname, KeyEntry, Source, SshKey, Username};
     use crate::secret::Secret;
     use std::os::unix::fs::MetadataExt;
 

@@ -10,7 +10,7 @@
 //! the image turns it off.
 
 use super::state::State;
-use super::sysroot::{Sysroot, STATE_DIR};
+use crate::root::{Sysroot, STATE_DIR};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -105,7 +105,7 @@ pub enum ScriptError {
     /// It ended with neither an exit code nor a signal.
     NoStatus(String),
     /// scripts.json could not be written, or the data's path resolved.
-    Record(super::sysroot::WriteError),
+    Record(crate::root::WriteError),
 }
 
 impl std::fmt::Display for ScriptError {

@@ -6,9 +6,9 @@
 
 use super::summary::Summary;
 pub use super::summary::Timings;
-use super::sysroot::{Sysroot, STATE_DIR};
 use super::Failure;
 use crate::azure::wireserver::Reported;
+use crate::root::{Sysroot, STATE_DIR};
 use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "state.json";
@@ -168,7 +168,7 @@ impl State {
             .ok()
     }
 
-    pub fn save(&self, root: &Sysroot) -> Result<(), super::sysroot::WriteError> {
+    pub fn save(&self, root: &Sysroot) -> Result<(), crate::root::WriteError> {
         root.write_state(FILE, &self.to_json())
     }
 

@@ -2,9 +2,9 @@
 
 use super::data::ProvisioningData;
 use super::state::{Acked, State, Written};
-use super::sysroot::SUDOERS;
-use super::sysroot::{hash_password, Sysroot, WriteError, SSHD_CONFIG, SSHD_DROP_IN, STATE_DIR};
 use super::{Failure, Reason};
+use crate::root::SUDOERS;
+use crate::root::{hash_password, Sysroot, WriteError, SSHD_CONFIG, SSHD_DROP_IN, STATE_DIR};
 use crate::secret::Secret;
 
 /// Writes all of `data` into the root as docs/contracts.md, "The file contract", lists it, the
@@ -157,7 +157,7 @@ fn write_account(
     root: &Sysroot,
     data: &ProvisioningData,
     hash: Option<Result<Secret<String>, WriteError>>,
-) -> Result<super::sysroot::Account, FailedStep> {
+) -> Result<crate::root::Account, FailedStep> {
     let user = &data.username.0;
     let hash = match (&data.password, hash) {
         (None, _) => None,

@@ -2,7 +2,7 @@
 //! guest's `PROVISIONING_REPORT` even when the WireServer cannot be reached: the pool file's
 //! records as `hv_kvp_daemon` reads them, and the messages of `/dev/vmbus/hv_kvp` (uapi
 //! `linux/hyperv.h`) with the daemon's answers. Pure: the file write is
-//! `provision::sysroot::kvp`'s, the device's I/O [`responder`]'s.
+//! `root::kvp`'s, the device's I/O [`responder`]'s.
 
 pub mod responder;
 

@@ -23,7 +23,7 @@
 
 use super::{fingerprint_block, fingerprint_line, rsa_now, KeyType, SSH_DIR};
 use crate::provision::state::{self, State};
-use crate::provision::sysroot::{Sysroot, STATE_DIR};
+use crate::root::{Sysroot, STATE_DIR};
 use ssh_key::LineEnding;
 use std::fs::File;
 use std::io::{Read, Write};

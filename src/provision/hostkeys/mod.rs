@@ -11,7 +11,7 @@ mod prime;
 mod steps;
 pub(crate) use steps::{finish_host_keys_later, install_host_keys};
 
-use super::sysroot::{Sysroot, WriteError};
+use crate::root::{Sysroot, WriteError};
 use rand_core::{CryptoRng, RngCore};
 use ssh_key::private::{EcdsaKeypair, Ed25519Keypair, KeypairData, RsaKeypair};
 use ssh_key::{EcdsaCurve, HashAlg, LineEnding, PrivateKey};
@@ -400,7 +400,7 @@ fn race_rsa(control: &Control, raised: bool) -> Result<RsaKeypair, HostKeyError>
 
 /// Whether the root has an SSH server configured (`/etc/ssh/sshd_config`) and no host key of
 /// any type: a cleaned image (`azprov clean`), where sshd would refuse to start.
-pub fn none_in(root: &super::sysroot::Sysroot) -> bool {
+pub fn none_in(root: &crate::root::Sysroot) -> bool {
     if !root.exists(&format!("{SSH_DIR}/sshd_config")) {
         return false;
     }

@@ -4,7 +4,7 @@
 use crate::provision::hostkeys;
 use crate::provision::stage::ms;
 use crate::provision::summary::Summary;
-use crate::provision::sysroot::Sysroot;
+use crate::root::Sysroot;
 use std::time::Instant;
 
 /// Writes freshly made host keys into the root and shows their fingerprints on the console

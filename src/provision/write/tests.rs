@@ -1,6 +1,6 @@
 use super::*;
-use crate::provision::data::{Hostname, KeyEntry, Source, SshKey, Username};
-use crate::provision::sysroot::tests::seeded;
+use crate::root::tests::seeded;
+use crate::root::values::{Hostname, KeyEntry, Source, SshKey, Username};
 use std::sync::atomic::Ordering;
 
 fn data(user: &str) -> ProvisioningData {
@@ -193,10 +193,7 @@ fn labels_below(dir: &std::path::Path, rel: &str) -> Vec<(String, Option<String>
                     .unwrap()
                     .trim_start_matches('/')
             );
-            (
-                view,
-                crate::provision::sysroot::label::get(std::path::Path::new(p)),
-            )
+            (view, crate::root::label::get(std::path::Path::new(p)))
         })
         .collect()
 }
@@ -211,7 +208,7 @@ fn on_an_selinux_root_everything_written_has_the_policys_label() {
     write_all(&root, &data("azureuser"), None, "vm-1", &State::default()).unwrap();
     root.write_state("state.json", b"{}").unwrap();
     root.mkdir("/var/log", 0o755, (0, 0)).unwrap();
-    root.write(crate::provision::sysroot::LOG_FILE, b"x\n", 0o640, (0, 0))
+    root.write(crate::root::LOG_FILE, b"x\n", 0o640, (0, 0))
         .unwrap();
     // what libselinux's matchpathcon gives these paths under this policy
     // (provision::selinux::tests::MATCHPATHCON)
@@ -261,7 +258,7 @@ fn on_an_selinux_root_everything_written_has_the_policys_label() {
         ("/var/log/azprov.log", "system_u:object_r:var_log_t:s0"),
     ];
     for (path, label) in want {
-        let got = crate::provision::sysroot::label::get(&dir.join(&path[1..]));
+        let got = crate::root::label::get(&dir.join(&path[1..]));
         assert_eq!(got.as_deref(), Some(label), "{path}");
     }
     // and nothing below the home or the state directory went unlabelled

@@ -8,8 +8,8 @@
 //! tmpfs are not mounted. A device that cannot be found is a failure naming the mount (an LVM
 //! volume the initramfs did not activate: the writes would land in the hidden directory).
 
-use super::sysroot::Sysroot;
-use super::{Failure, Reason};
+use super::Sysroot;
+use crate::azure::reason::{Failure, Reason};
 use crate::config::RootSpec;
 use crate::disk::block;
 use crate::sys::mount::Mounted;
@@ -406,7 +406,7 @@ mod tests {
         ignore = "needs root (runs as root and under CI=true)"
     )]
     fn a_separate_home_is_mounted_for_the_run_and_the_user_lands_on_it() {
-        let (dir, root) = crate::provision::sysroot::tests::seeded("fstab-home");
+        let (dir, root) = crate::root::tests::seeded("fstab-home");
         std::fs::create_dir_all(dir.join("srv/homes")).unwrap();
         std::fs::write(
             dir.join("etc/fstab"),
@@ -418,7 +418,7 @@ mod tests {
             let m = mount_for_writes(&root, &sys, &dir).unwrap();
             assert_eq!(m.targets(), [dir.join("home")]);
             root.ensure_user(
-                &crate::provision::data::Username::parse("azureuser").unwrap(),
+                &crate::root::values::Username::parse("azureuser").unwrap(),
                 None,
             )
             .unwrap();

@@ -1,7 +1,7 @@
 use super::accounts::crypt_sha512;
 use super::*;
-use crate::provision::data::{Hostname, Username};
-use crate::provision::data::{KeyEntry, Source, SshKey};
+use crate::root::values::{Hostname, Username};
+use crate::root::values::{KeyEntry, Source, SshKey};
 use crate::secret::Secret;
 use std::os::unix::fs::{symlink, MetadataExt};
 

@@ -2,8 +2,8 @@
 //! drop-ins, and azprov's state directory.
 
 use super::accounts::Account;
+use super::values::{Hostname, KeyEntry, SshKey, Username};
 use super::{includes, io_err, Sysroot, WriteError, MARKER, STATE_DIR};
-use crate::provision::data::{Hostname, KeyEntry, SshKey, Username};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

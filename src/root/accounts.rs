@@ -6,7 +6,7 @@ use super::{io_err, Sysroot, WriteError, STATE_DIR};
 
 /// The file in azprov's state directory that names the user azprov created.
 pub const OWNED_USER: &str = "user";
-use crate::provision::data::Username;
+use super::values::Username;
 use crate::secret::Secret;
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;

@@ -1,14 +1,14 @@
 //! SELinux labels on what azprov creates or replaces in a root whose policy is configured
 //! (`/etc/selinux/config` enforcing or permissive, its file_contexts present): each file,
 //! directory and symlink gets, before it is renamed into place, the `security.selinux` label
-//! the root's own file_contexts give its final path (`provision::selinux`), as `restorecon`
+//! the root's own file_contexts give its final path (`root::selinux`), as `restorecon`
 //! would set it. The kernel accepts a label before any policy is loaded (Linux 5.5, "selinux:
 //! allow labeling before policy is loaded"), so this works in the initramfs with no policy
 //! and no libselinux. A path no specification covers keeps the label of the file it replaces.
 //! A root without SELinux gets no attribute at all.
 
+use super::selinux::{Config, FileContexts};
 use super::{io_err, Sysroot, WriteError};
-use crate::provision::selinux::{Config, FileContexts};
 use crate::sys::xattr;
 use std::io;
 use std::path::Path;

@@ -148,7 +148,7 @@ fn join_lines(lines: &[&[u8]], original: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::sysroot::SSHD_DROP_IN as DROP_IN;
+    use crate::root::SSHD_DROP_IN as DROP_IN;
 
     #[test]
     fn a_drop_in_counts_only_when_an_include_reads_it_first() {

@@ -8,12 +8,15 @@
 mod accounts;
 mod atomic;
 mod files;
+pub mod fstab;
 mod home;
 pub mod includes;
 pub mod kvp;
 pub mod label;
 mod owners;
 mod passwd;
+pub mod selinux;
+pub mod values;
 
 pub use accounts::{hash_password, Account};
 pub use files::{SSHD_CONFIG, SSHD_DROP_IN, SUDOERS};
