@@ -21,6 +21,7 @@ pub mod scripts;
 pub mod sources;
 pub mod stage;
 pub mod state;
+pub mod status;
 pub mod summary;
 pub mod write;
 
