@@ -478,7 +478,7 @@ def run_inplace(ctx):
                           "conf.d": {"entries": {"a.conf": {"perm": "0640", "content": "a=1\n"}}},
                           "../escape": {"content": "x"}}).encode()
     script_ud = b"#!/bin/sh\necho from user data\n"
-    outs, took = "", 0
+    outs, took, ready = "", 0, None
     for n, (userdata, expect) in enumerate([(json_ud, {"/run/config/motd": "644", "/run/config/secret": "600",
                                                         "/run/config/conf.d": "755", "/run/config/conf.d/a.conf": "640"}),
                                             (script_ud, {})]):
@@ -487,9 +487,10 @@ def run_inplace(ctx):
         doc["compute"]["userData"] = base64.b64encode(userdata).decode()
         with Azure(work, f"{ctx['tag']}{n}", doc) as azure:
             cd = make_cd(work, "e2e-inplace-ovf")
-            _start, took, out, rc = boot(azure, work, "gen1", ctx["kernel"], initrd, None, cd, accel=ctx["accel"],
-                                         append="console=ttyS0 loglevel=6 panic=-1 azprov.onfail=poweroff")
+            start, took, out, rc = boot(azure, work, "gen1", ctx["kernel"], initrd, None, cd, accel=ctx["accel"],
+                                        append="console=ttyS0 loglevel=6 panic=-1 azprov.onfail=poweroff")
             outs += f"\n==== boot {n}\n{out}"
+            ready = azure.ready_after(start) if n == 0 else ready
             what = f"boot {n}"
             c(rc == 0 and "INPLACE-DONE" in out, f"{what}: the OS's init did not run to its end (rc {rc})")
             c("INPLACE-INIT pid=1 hostname=e2e-inplace" in out, f"{what}: the init is not PID 1 with IMDS's hostname")
@@ -511,7 +512,7 @@ def run_inplace(ctx):
             c("INPLACE passwd=1" in out, f"{what}: the admin user is not in the RAM root's /etc/passwd")
             posts = [r for r in azure.requests() if r.get("endpoint") == "health"]
             c([p.get("state") for p in posts] == ["Ready"], f"{what}: health reports {[p.get('state') for p in posts]}")
-    return c, None, took, outs
+    return c, ready, took, outs
 
 
 SCENARIOS = {
