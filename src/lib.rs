@@ -2,9 +2,9 @@
 //!
 //! Layers, bottom up: `sys` (kernel calls only), `disk` (on-disk formats: superblocks, partition
 //! tables, growroot's plan), `modules` (kernel module loading), `net` (DHCP and
-//! the link), `azure` (wire formats and the one HTTP client), `provision` (the data, the
-//! writes into the root, the run), `boot` (PID 1) and `cli` (the subcommands). A layer never
-//! imports one above it. docs/DESIGN.md, "Code map", has the map.
+//! the link), `azure` (wire formats and the one HTTP client), `root` (a Linux root and how
+//! azprov writes into it), `provision` (the data, the run and its records), `boot` (PID 1) and
+//! `cli` (the subcommands). A layer never imports one above it. docs/DESIGN.md, "Code map", has the map.
 
 #![cfg_attr(
     not(test),

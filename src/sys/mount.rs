@@ -22,8 +22,6 @@ pub fn umount(target: &Path, flags: MntFlags) -> Result<(), Errno> {
     nix::mount::umount2(target, flags)
 }
 
-/// syncfs(2) of the filesystem that holds `path`: its data and metadata are on disk when it
-/// returns Ok (write errors since the last syncfs are reported, Linux 5.8 and later).
 /// Mount points azprov mounted (the provisioning disc, fstab's filesystems for the run),
 /// unmounted last first when dropped; one that is busy is detached.
 #[derive(Debug, Default)]
@@ -50,6 +48,8 @@ impl Drop for Mounted {
     }
 }
 
+/// syncfs(2) of the filesystem that holds `path`: its data and metadata are on disk when it
+/// returns Ok (write errors since the last syncfs are reported, Linux 5.8 and later).
 pub fn syncfs(path: &Path) -> Result<(), Errno> {
     let f = std::fs::File::open(path).map_err(|e| super::errno_of(&e))?;
     nix::unistd::syncfs(&f)
