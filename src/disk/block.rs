@@ -2,7 +2,7 @@
 //! and LABEL; GPT and MBR partition tables give PARTUUID and PARTLABEL. Parsing is pure and
 //! works on byte buffers; the scan reads devices listed in /sys/class/block.
 
-use super::{get, le32, le64};
+use super::{get, has, le32, le64};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -56,7 +56,7 @@ pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
     use super::superblock::{btrfs, ext4, xfs};
     if let Some(sb) = b
         .get(ext4::AT..)
-        .filter(|sb| get(sb, ext4::MAGIC, 2) == Some(&ext4::MAGIC_BYTES))
+        .filter(|sb| has(sb, ext4::MAGIC, &ext4::MAGIC_BYTES))
     {
         let compat_journal =
             le32(sb, ext4::FEATURE_COMPAT).is_some_and(|f| f & ext4::COMPAT_HAS_JOURNAL != 0);
@@ -76,7 +76,7 @@ pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
         });
     }
     let sb = b.get(xfs::AT..)?;
-    if get(sb, xfs::MAGIC, 4) == Some(xfs::MAGIC_BYTES) {
+    if has(sb, xfs::MAGIC, xfs::MAGIC_BYTES) {
         return Some(FsInfo {
             fstype: "xfs",
             uuid: uuid_be(get(sb, xfs::UUID, 16)?),
@@ -84,7 +84,7 @@ pub fn probe_fs(b: &[u8]) -> Option<FsInfo> {
         });
     }
     let sb = b.get(btrfs::AT..)?;
-    if get(sb, btrfs::MAGIC, 8) == Some(btrfs::MAGIC_BYTES) {
+    if has(sb, btrfs::MAGIC, btrfs::MAGIC_BYTES) {
         return Some(FsInfo {
             fstype: "btrfs",
             uuid: uuid_be(get(sb, btrfs::FSID, 16)?),

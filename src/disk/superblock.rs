@@ -3,7 +3,7 @@
 //! `struct btrfs_super_block`). `block` reads identity (type, UUID, label) from them, growroot
 //! the size.
 
-use super::{le32, le64};
+use super::{has, le32, le64};
 
 /// ext2/3/4 (fs/ext4/ext4.h).
 pub mod ext4 {
@@ -70,7 +70,7 @@ pub fn ext4_size(sb: &[u8]) -> Option<(u64, u64)> {
 /// A single-device btrfs's size on its device (its dev_item's total_bytes) from its
 /// superblock `sb`; None for another filesystem or one spanning several devices.
 pub fn btrfs_single_device_bytes(sb: &[u8]) -> Option<u64> {
-    let is_btrfs = sb.get(btrfs::MAGIC..btrfs::MAGIC + 8)? == btrfs::MAGIC_BYTES;
+    let is_btrfs = has(sb, btrfs::MAGIC, btrfs::MAGIC_BYTES);
     let one = le64(sb, btrfs::NUM_DEVICES)? == 1 && le64(sb, btrfs::DEV_ITEM_DEVID)? == 1;
     if !(is_btrfs && one) {
         return None;

@@ -33,8 +33,10 @@ pub enum GrowError {
     NoSize(String),
     /// The table cannot be grown as it is.
     Skip(String, Skip),
-    /// The superblock of this type could not be read, or names several devices (btrfs).
-    Superblock(&'static str),
+    /// The ext4 superblock could not be read.
+    Ext4Superblock,
+    /// The btrfs superblock names several devices, or could not be read.
+    BtrfsDevices,
     /// No filesystem azprov recognises on the device.
     Unknown(String),
     /// A filesystem azprov does not grow, and no partition grew.
@@ -56,10 +58,10 @@ impl std::fmt::Display for GrowError {
             }
             GrowError::NoSize(name) => write!(f, "no size for {name}"),
             GrowError::Skip(name, skip) => write!(f, "{name}: {skip}; not grown"),
-            GrowError::Superblock("btrfs") => {
+            GrowError::Ext4Superblock => f.write_str("cannot read the ext4 superblock"),
+            GrowError::BtrfsDevices => {
                 f.write_str("btrfs on more than one device (or an unreadable superblock)")
             }
-            GrowError::Superblock(fs) => write!(f, "cannot read the {fs} superblock"),
             GrowError::Unknown(name) => write!(f, "{name}: no filesystem azprov recognises"),
             GrowError::Unsupported(name, fs) => {
                 write!(f, "{name} holds {fs}, which azprov does not grow")
@@ -401,7 +403,7 @@ fn grow_filesystem(
     // each timed from its first change (after `writable`)
     let (kind, from, to, t) = match fs.fstype() {
         Some("ext4") => {
-            let (bs, blocks) = fs.ext4_blocks().ok_or(GrowError::Superblock("ext4"))?;
+            let (bs, blocks) = fs.ext4_blocks().ok_or(GrowError::Ext4Superblock)?;
             let target = bytes / bs;
             if target <= blocks || (target - blocks) * bs < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
@@ -434,7 +436,7 @@ fn grow_filesystem(
             ("xfs", geo.data_blocks * bs, target * bs, t)
         }
         Some("btrfs") => {
-            let size = fs.btrfs_bytes().ok_or(GrowError::Superblock("btrfs"))?;
+            let size = fs.btrfs_bytes().ok_or(GrowError::BtrfsDevices)?;
             if bytes <= size || bytes - size < grow::MIN_GAIN {
                 return Ok(Grown::Nothing);
             }
