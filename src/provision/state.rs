@@ -163,7 +163,12 @@ impl State {
     /// The state in `root`, or None when there is none (or it does not parse: a log line).
     pub fn load(root: &Sysroot) -> Option<State> {
         let bytes = root.read(&format!("{STATE_DIR}/{FILE}")).ok().flatten()?;
-        serde_json::from_slice(&bytes)
+        State::parse(&bytes)
+    }
+
+    /// The state in the file's `bytes`; None, with a warning, when they do not parse.
+    pub fn parse(bytes: &[u8]) -> Option<State> {
+        serde_json::from_slice(bytes)
             .map_err(|e| log::warn!("{STATE_DIR}/{FILE}: {e}; ignored"))
             .ok()
     }

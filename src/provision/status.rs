@@ -67,7 +67,7 @@ pub fn read(root: &Sysroot, offline: bool, boot: Option<&BootRecord>) -> Status 
     let field = |f: fn(&BootSummary) -> &Option<String>| this.and_then(|s| f(s).clone());
     let (state, state_unreadable) = match root.read(&format!("{STATE_DIR}/{FILE}")) {
         Err(e) => (None, Some(crate::logger::errno_names(&e.to_string()))),
-        Ok(_) => (State::load(root), None),
+        Ok(bytes) => (bytes.and_then(|b| State::parse(&b)), None),
     };
     let marker = root.read_marker();
     let provisioned = provisioned(
@@ -105,9 +105,7 @@ pub fn read(root: &Sysroot, offline: bool, boot: Option<&BootRecord>) -> Status 
         msp: state.msp || this.is_some_and(|s| s.msp),
         host_keys: state.host_keys.clone(),
         timings_ms: state.report.map(|_| state.timings_ms),
-        log: boot
-            .as_ref()
-            .map_or_else(|| LOG_FILE.to_string(), |b| b.log.clone()),
+        log: boot.map_or_else(|| LOG_FILE.to_string(), |b| b.log.clone()),
         state_unreadable,
         // the scripts of the VM the state is about, never an earlier VM's
         scripts: Record::load(root)
