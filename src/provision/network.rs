@@ -39,8 +39,12 @@ pub(crate) struct Link {
 impl Link {
     /// The link the DHCP stage left, the WireServer at `--wireserver` (`flag`) or the lease's.
     pub(crate) fn new(flag: Option<SocketAddr>, lease: Result<Option<Applied>, Failure>) -> Link {
+        let option_245 = match &lease {
+            Ok(Some(applied)) => applied.lease().wireserver,
+            _ => None,
+        };
         Link {
-            addr: wireserver_addr(flag, &lease),
+            addr: wireserver::endpoint(flag, option_245),
             lease,
             client: Client::new(),
         }
@@ -58,22 +62,17 @@ impl Link {
         report_deadline(&self.lease, deadline)
     }
 
-    /// After the report: the lease undone, or kept with `keep`.
+    /// After the report: the lease torn down (routes, address, MTU, link state as they were),
+    /// or left configured with `azprov.keepnet` (`keep`).
     pub(crate) fn release(self, keep: bool) {
-        release_network(keep, self.lease);
+        if let Ok(Some(applied)) = self.lease {
+            if keep {
+                applied.keep();
+            } else if let Err(e) = applied.teardown() {
+                log::warn!("teardown: {e}");
+            }
+        }
     }
-}
-
-/// The WireServer's endpoint ([`wireserver::endpoint`]) with the lease's option 245, if any.
-fn wireserver_addr(
-    flag: Option<SocketAddr>,
-    network: &Result<Option<Applied>, Failure>,
-) -> SocketAddr {
-    let lease_ws = match network {
-        Ok(Some(applied)) => applied.lease().wireserver,
-        _ => None,
-    };
-    wireserver::endpoint(flag, lease_ws)
 }
 
 /// Picks the NIC (`iface`, else the first that is not loopback), brings its link up, waits
@@ -142,16 +141,4 @@ pub(crate) fn bring_up_dhcp(
     Stage::since("dhcp", t)
         .run(slot, bring_up, found)
         .map(|(_, applied)| Some(applied))
-}
-
-/// After the report: the lease torn down (routes, address, MTU, link state as they were), or
-/// left configured with `azprov.keepnet` (`keep`).
-fn release_network(keep: bool, network: Result<Option<Applied>, Failure>) {
-    if let Ok(Some(applied)) = network {
-        if keep {
-            applied.keep();
-        } else if let Err(e) = applied.teardown() {
-            log::warn!("teardown: {e}");
-        }
-    }
 }

@@ -3,8 +3,9 @@
 use super::data::ProvisioningData;
 use super::state::{Acked, State, Written};
 use super::{Failure, Reason};
-use crate::root::SUDOERS;
-use crate::root::{hash_password, Sysroot, WriteError, SSHD_CONFIG, SSHD_DROP_IN, STATE_DIR};
+use crate::root::{
+    hash_password, Sysroot, WriteError, SSHD_CONFIG, SSHD_DROP_IN, STATE_DIR, SUDOERS,
+};
 use crate::secret::Secret;
 
 /// Writes all of `data` into the root as docs/contracts.md, "The file contract", lists it, the
