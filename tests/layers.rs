@@ -26,6 +26,18 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every .rs file of src/ but the unit tests' own files.
+fn sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    files(Path::new(SRC), &mut out);
+    out
+}
+
+/// A file's text before its `#[cfg(test)]` tail (the unit tests).
+fn without_unit_tests(text: &str) -> &str {
+    text.split("#[cfg(test)]\nmod tests").next().unwrap_or("")
+}
+
 /// `src/provision/state.rs` -> provision::state; `mod.rs` is its folder's module.
 fn module_of(path: &Path) -> Vec<String> {
     let rel = path.strip_prefix(SRC).unwrap().with_extension("");
@@ -41,8 +53,8 @@ fn module_of(path: &Path) -> Vec<String> {
 
 /// The file's code without comments and without its `#[cfg(test)]` tail (the unit tests).
 fn code(text: &str) -> String {
-    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-    text.lines()
+    without_unit_tests(text)
+        .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n")
@@ -129,8 +141,7 @@ struct Graph {
 }
 
 fn graph() -> Graph {
-    let mut list = Vec::new();
-    files(Path::new(SRC), &mut list);
+    let list = sources();
     let modules: BTreeSet<Vec<String>> = list.iter().map(|p| module_of(p)).collect();
     let mut uses = BTreeMap::new();
     for p in &list {
@@ -212,8 +223,8 @@ fn no_circle_among_the_files_of_a_folder() {
 }
 
 /// docs/DESIGN.md's may-use table: each layer's folder and what of the crate it may name
-/// (beside itself; `a::b` allows that module of `a` only); `deadline`, `time`, `secret`, `glob` and `logger` serve every layer but
-/// `sys`.
+/// (beside itself; `a::b` allows that module of `a` only); `deadline`, `time`, `secret`,
+/// `glob` and `logger` serve every layer but `sys`.
 const MAY_USE: &[(&str, &[&str])] = &[
     ("sys", &[]),
     ("disk", &["sys"]),
@@ -339,13 +350,11 @@ fn function_lengths(code: &str) -> Vec<(String, usize)> {
 /// A long function is split by stage: none in src/ (the unit tests aside) is over 100 lines.
 #[test]
 fn no_function_is_over_100_lines() {
-    let mut all = Vec::new();
-    files(Path::new(SRC), &mut all);
+    let all = sources();
     let mut long = Vec::new();
     for path in &all {
         let text = std::fs::read_to_string(path).unwrap();
-        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        for (name, n) in function_lengths(text) {
+        for (name, n) in function_lengths(without_unit_tests(&text)) {
             if n > 100 {
                 long.push(format!("{} {name}: {n} lines", path.display()));
             }
@@ -365,8 +374,7 @@ fn no_function_is_over_100_lines() {
 /// its unit tests beside it (`x/tests.rs`), never submodules of its own.
 #[test]
 fn a_module_with_submodules_is_a_folder_with_mod_rs() {
-    let mut all = Vec::new();
-    files(Path::new(SRC), &mut all);
+    let all = sources();
     let mut wrong = Vec::new();
     for path in &all {
         let beside = path.with_extension("");
