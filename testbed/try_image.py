@@ -218,22 +218,22 @@ def dmi_uuid(vm_id, gen):
     return str(uuid.UUID(bytes=b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:]))
 
 
-def qemu_command(a, work, overlay, cd, accel, cpus, memory, console="console.log"):
-    """QEMU's command line; the UEFI variables are copied fresh for the first boot of a run
+def qemu_command(a, p, console="console.log"):
+    """QEMU's command line for the prepared try `p`; the UEFI variables are copied fresh for the first boot of a run
     (console.log) and kept for a reboot, as the VM's NVRAM is."""
     # Azure's CPUs have RDRAND, which the kernel trusts to seed its CRNG at boot: TCG's default
     # model lacks it, and a young guest would wait for entropy as no Azure VM does
-    cpu = "host" if accel == "kvm" else "qemu64,+rdrand"
-    cmd = ["qemu-system-x86_64", "-accel", accel, "-cpu", cpu, "-smp", str(cpus),
-           "-m", str(memory), "-nodefaults",
+    cpu = "host" if p.accel == "kvm" else "qemu64,+rdrand"
+    cmd = ["qemu-system-x86_64", "-accel", p.accel, "-cpu", cpu, "-smp", str(p.cpus),
+           "-m", str(p.memory), "-nodefaults",
            "-display", "none", "-uuid", dmi_uuid(a.vm_id, a.gen),
-           "-serial", f"file:{os.path.join(work, console)}",
+           "-serial", f"file:{os.path.join(p.work, console)}",
            "-smbios", "type=1,manufacturer=Microsoft Corporation,product=Virtual Machine,version=7.0",
            "-smbios", f"type=3,manufacturer=Microsoft Corporation,asset={AZURE_ASSET_TAG}",
            "-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
            "-device", f"virtio-net-pci,netdev=n0,mac={GUEST_MAC}"]
     if a.gen == "2":
-        vars_copy = os.path.join(work, "OVMF_VARS.fd")
+        vars_copy = os.path.join(p.work, "OVMF_VARS.fd")
         if console == "console.log" or not os.path.exists(vars_copy):
             shutil.copy(OVMF_VARS, vars_copy)
         cmd += ["-M", "q35", "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
@@ -243,15 +243,15 @@ def qemu_command(a, work, overlay, cd, accel, cpus, memory, console="console.log
     scsi = a.disk_bus == "scsi" or a.gen == "2"
     if scsi:
         cmd += ["-device", "virtio-scsi-pci,id=scsi0"]
-    disk = f"file={overlay},format=qcow2,if=none,id=hd0"
+    disk = f"file={p.overlay},format=qcow2,if=none,id=hd0"
     if a.disk_bus == "scsi":
         cmd += ["-drive", disk, "-device", "scsi-hd,drive=hd0,bus=scsi0.0,bootindex=0"]
     elif a.disk_bus == "virtio":
         cmd += ["-drive", disk, "-device", "virtio-blk-pci,drive=hd0,bootindex=0"]
     else:
         cmd += ["-drive", disk, "-device", "ide-hd,drive=hd0,bus=ide.0,bootindex=0"]
-    if cd:
-        cdrive = f"file={cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on"
+    if p.cd:
+        cdrive = f"file={p.cd},format=raw,if=none,media=cdrom,id=cd0,readonly=on"
         if a.gen == "2":  # Gen2: the CD is on the SCSI controller
             cmd += ["-drive", cdrive, "-device", "scsi-cd,drive=cd0,bus=scsi0.0"]
         else:  # Gen1: on IDE, as Azure's
@@ -622,18 +622,23 @@ def login_findings(result, p, login, status_out):
                                                 if k["fingerprint"] in p.image_keys)
 
 
+def sayer(quiet):
+    """A progress line to stderr, or nothing when `quiet`."""
+    return (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+
 def run(a):
     """One try: prepared, booted against a simulated Azure and watched, the report made."""
     p = prepare(a)
     fabric_args = ["--bump-after-goalstate", "1"] if a.incarnation_change else []
-    say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say = sayer(a.quiet)
     say(f"try-image: {a.image} ({p.fmt}, {p.size / 2**30:.1f} GiB; OS disk {p.disk_size / 2**30:.1f} GiB on "
         f"{a.disk_bus}), Gen{a.gen}: {p.firmware}, {p.accel}, {p.cpus} vCPU, {p.memory} MiB; work: {p.work}")
     result = first_result(a, p)
     tag = f"t{os.getpid() % 1000}"
     with Azure(p.work, tag, imds_doc(a, p.key_pub), playbook(a), fabric_args=fabric_args) as azure:
         result["fabric_log"] = azure.fabric_log
-        cmd = azure.inside(*qemu_command(a, p.work, p.overlay, p.cd, p.accel, p.cpus, p.memory))
+        cmd = azure.inside(*qemu_command(a, p))
         with open(os.path.join(p.work, "qemu.cmd"), "w") as f:
             f.write(" ".join(cmd) + "\n")
         start = time.time()
@@ -642,8 +647,7 @@ def run(a):
         login, status_out = watch(a, p, azure, qemu, start, result)
         first_requests = len(azure.requests())
         if a.reboot and login is not None:
-            result["reboot"] = reboot(a, p.work, p.overlay, p.cd, p.accel, p.cpus, p.memory, azure, p.key,
-                                      first_requests)
+            result["reboot"] = reboot(a, p, azure, first_requests)
         reqs = azure.requests()[:first_requests]
         ready, reason, t = report_state(reqs, start)
         result["ready"] = bool(ready)
@@ -658,20 +662,20 @@ def run(a):
     return result
 
 
-def reboot(a, work, overlay, cd, accel, cpus, memory, azure, key, before):
+def reboot(a, p, azure, before):
     """The second boot of the VM's disk: when SSH answered, and what reached the fabric (a
     provisioned reboot needs nothing from it)."""
-    cmd = azure.inside(*qemu_command(a, work, overlay, cd, accel, cpus, memory, console="console-reboot.log"))
-    say = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    cmd = azure.inside(*qemu_command(a, p, console="console-reboot.log"))
+    say = sayer(a.quiet)
     say("try-image: rebooting (powered off from inside, QEMU started again on the same disk)")
     start = time.time()
     qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(os.path.join(work, "qemu-reboot.stderr"), "w"))
+                            stderr=open(os.path.join(p.work, "qemu-reboot.stderr"), "w"))
     sshd = SshdWatch(azure)
     t_ssh = None
     try:
         while time.time() - start < a.timeout and qemu.poll() is None:
-            if sshd.login(azure, key, a.user, "true") is not None:
+            if sshd.login(azure, p.key, a.user, "true") is not None:
                 t_ssh = round(time.time() - start, 1)
                 say(f"  {t_ssh:6.1f}s  SSH: logged in again")
                 break
@@ -683,7 +687,7 @@ def reboot(a, work, overlay, cd, accel, cpus, memory, azure, key, before):
         qemu.wait()
     reqs = azure.requests()[before:]
     return {"ssh": t_ssh is not None, "t_ssh_s": t_ssh, "sshd": None if t_ssh is not None else sshd.why_not(),
-            "console_log": os.path.join(work, "console-reboot.log"), "requests": request_rows(reqs, start)}
+            "console_log": os.path.join(p.work, "console-reboot.log"), "requests": request_rows(reqs, start)}
 
 
 def request_rows(reqs, start):
