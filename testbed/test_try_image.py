@@ -1,6 +1,7 @@
 """scripts/try-image's checks that need no VM: what Azure's upload would refuse.
 python3 -m unittest discover -s testbed -t . (from the checkout's top; needs qemu-img; no root)."""
 import os
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -11,6 +12,7 @@ from testbed import try_image
 class Upload(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="azprov-upload-")
+        self.addCleanup(shutil.rmtree, self.dir)
 
     def vhd(self, raw_bytes, name):
         raw = os.path.join(self.dir, name + ".raw")
